@@ -1,0 +1,21 @@
+"""autonorm: a code-generating CUDA LayerNorm autotuner.
+
+``import autonorm`` works on a machine without a GPU: CuPy is imported only when a kernel is
+compiled or launched.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from autonorm.errors import AutonormError  # noqa: E402
+
+__all__ = ["AutonormError", "__version__", "layer_norm"]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
+    if name == "layer_norm":
+        from autonorm.dispatch import layer_norm
+
+        return layer_norm
+    raise AttributeError(f"module 'autonorm' has no attribute {name!r}")

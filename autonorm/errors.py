@@ -1,0 +1,35 @@
+"""The exceptions autonorm raises, so callers can catch them by type."""
+
+from __future__ import annotations
+
+
+class AutonormError(Exception):
+    """Base class of every error autonorm raises on purpose."""
+
+
+class InputError(AutonormError, ValueError):
+    """An argument to :func:`autonorm.layer_norm` is unusable (dtype, shape, device, eps)."""
+
+
+class UnsupportedDtypeError(InputError, TypeError):
+    """The dtype is not float32, float16 or bfloat16 (or dtypes of x, weight, bias differ)."""
+
+
+class ShapeError(InputError):
+    """A shape does not fit: wrong number of dimensions, or weight/bias size != hidden."""
+
+
+class DeviceMismatchError(InputError):
+    """Arrays live on different devices (another GPU, or the host and the GPU)."""
+
+
+class CompileError(AutonormError):
+    """A rendered kernel failed to compile (NVRTC or nvcc)."""
+
+
+class VerificationError(AutonormError):
+    """A kernel's output disagrees with the float64 reference beyond tolerance."""
+
+
+class LaunchError(AutonormError):
+    """A kernel launch failed or faulted."""

@@ -1,0 +1,349 @@
+"""The search space: problems, kernel configurations, validity rules and enumeration.
+
+A :class:`Problem` is what the user asks for (hidden size, dtype, affine flags). A
+:class:`KernelConfig` is one point of the template family. :func:`check` says why a
+configuration cannot run a problem on a device, before anything is compiled;
+:func:`enumerate_space` lists every valid configuration and :func:`default_config` picks a sound
+one for any hidden size without tuning.
+
+Pure logic: no CuPy, no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Literal
+
+DTypeName = Literal["float32", "float16", "bfloat16"]
+CacheKind = Literal["none", "registers", "smem"]
+StatsKind = Literal["welford", "two_pass", "naive"]
+
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Short names accepted on the command line and in the Python API.
+DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32", "f32": "float32", "float": "float32", "float32": "float32",
+    "fp16": "float16", "f16": "float16", "half": "float16", "float16": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+}
+
+THREADS = (32, 64, 128, 256, 512, 1024)
+VECS = (1, 2, 4, 8)
+ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)
+CACHES: tuple[str, ...] = ("none", "registers", "smem")
+STATS: tuple[str, ...] = ("welford", "two_pass")
+CLUSTERS = (1, 2, 4, 8)
+BLOCKS_PER_SM = (0, 1, 2, 4, 8)
+
+# Registers a thread may spend on the row cache. Beyond this ptxas spills or occupancy collapses;
+# the rest of the kernel needs about 40 registers (ptxas -v on sm_90, 2026-11-29).
+MAX_CACHE_REGS = 64
+OTHER_REGS = 40
+# Shared memory the kernel needs besides the row cache: reduction scratch, 2 buffers x 32 warps x
+# 3 floats, plus the cluster exchange slots.
+SCRATCH_SMEM = 2 * 32 * 3 * 4 + 2 * 4 * 4
+
+
+class ConfigError(ValueError):
+    """A configuration cannot run a problem (raised by :func:`require_valid`)."""
+
+
+def normalize_dtype(dtype: object) -> str:
+    """Return the canonical dtype name ('float32', 'float16' or 'bfloat16').
+
+    Args:
+        dtype: a name such as "bf16", or any object whose ``str()`` or ``name`` is one.
+
+    Raises:
+        ValueError: the dtype is not supported.
+    """
+    name = getattr(dtype, "name", None) or str(dtype)
+    name = name.replace("torch.", "").lower()
+    try:
+        return DTYPE_ALIASES[name]
+    except KeyError:
+        raise ValueError(
+            f"unsupported dtype {dtype!r}: autonorm supports float32, float16 and bfloat16"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias)."""
+
+    hidden: int
+    dtype: str = "bfloat16"
+    has_weight: bool = True
+    has_bias: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def max_vec(self) -> int:
+        """Widest vector (elements) that is a 16-byte load and divides the hidden size."""
+        vec = 16 // self.itemsize
+        while self.hidden % vec:
+            vec //= 2
+        return vec
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """The device properties that decide validity and launch shapes."""
+
+    name: str = "NVIDIA H200"
+    cc: int = 90
+    sm_count: int = 132
+    max_smem_optin: int = 232448
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    l2_bytes: int = 62914560
+
+    @property
+    def arch(self) -> str:
+        """The NVRTC/nvcc architecture name, e.g. ``sm_90``."""
+        return f"sm_{self.cc}"
+
+
+H200 = DeviceLimits()
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One point of the template family.
+
+    Attributes:
+        threads: threads per block.
+        vec: elements per vector access (vec * itemsize <= 16 bytes).
+        rows_per_block: rows a block normalizes at once; each row gets threads // rows_per_block
+            threads (fewer than 32 gives sub-warp rows for small hidden sizes).
+        cache: where the row is held between statistics and normalization: not at all (x is
+            read again, from L2 at best), in registers, or in shared memory.
+        stats: ``welford`` (one pass, Chan's merge across threads) or ``two_pass`` (mean, then
+            the centered sum of squares over the cached row). ``naive`` (E[x^2] - E[x]^2, no
+            shift) is deliberately unstable: it exists only to show that verification fails.
+        cluster: blocks of a thread-block cluster that share one row (distributed shared
+            memory merges their statistics).
+        blocks_per_sm: 0 launches one block (cluster) per row tile; k > 0 launches a persistent
+            grid of k blocks per SM that strides over the row tiles.
+    """
+
+    threads: int = 256
+    vec: int = 8
+    rows_per_block: int = 1
+    cache: str = "registers"
+    stats: str = "welford"
+    cluster: int = 1
+    blocks_per_sm: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the configuration as a plain dict (for JSON, Optuna and the DB)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> KernelConfig:
+        """Build a configuration from :meth:`to_dict` output, ignoring unknown keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
+
+    @property
+    def threads_per_row(self) -> int:
+        """Threads that share one row inside a block."""
+        return self.threads // self.rows_per_block
+
+    def label(self) -> str:
+        """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``."""
+        return (
+            f"t{self.threads}v{self.vec}r{self.rows_per_block}-{self.cache}-{self.stats}"
+            f"-c{self.cluster}-p{self.blocks_per_sm}"
+        )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Derived per-thread work of a configuration on a problem (what the template unrolls)."""
+
+    segment: int  # elements of a row that one block handles (hidden / cluster)
+    threads_per_row: int
+    iters: int  # vector accesses per thread per row
+    cache_regs: int  # 32-bit registers a thread spends on a register row cache
+    smem_cache_bytes: int  # bytes of shared memory for a shared-memory row cache
+    vec: int  # elements per vector access
+
+    @property
+    def even(self) -> bool:
+        """True when the vectors tile the segment exactly (no tail guard needed)."""
+        return self.segment == self.iters * self.threads_per_row * self.vec
+
+
+def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
+    """Compute the per-thread work of ``config`` on ``problem`` (no validity checks)."""
+    segment = problem.hidden // max(config.cluster, 1)
+    tpr = max(config.threads // max(config.rows_per_block, 1), 1)
+    vectors = math.ceil(segment / config.vec)
+    iters = math.ceil(vectors / tpr)
+    vec_bytes = config.vec * problem.itemsize
+    cache_regs = iters * math.ceil(vec_bytes / 4)
+    smem = config.rows_per_block * segment * problem.itemsize
+    return Shape(segment, tpr, iters, cache_regs, smem, config.vec)
+
+
+def smem_bytes(config: KernelConfig, problem: Problem) -> int:
+    """Dynamic shared memory a launch of ``config`` needs, in bytes."""
+    shape = derive_shape(config, problem)
+    cache = shape.smem_cache_bytes if config.cache == "smem" else 0
+    return cache + SCRATCH_SMEM
+
+
+def check(
+    config: KernelConfig,
+    problem: Problem,
+    device: DeviceLimits = H200,
+    *,
+    allow_unstable: bool = False,
+) -> list[str]:
+    """Return the reasons ``config`` cannot run ``problem`` on ``device`` (empty if valid).
+
+    Args:
+        config: the candidate configuration.
+        problem: the problem it should solve.
+        device: the device limits to respect.
+        allow_unstable: accept ``stats="naive"`` (only the verifier's self-test does).
+    """
+    reasons: list[str] = []
+    if config.threads not in THREADS:
+        reasons.append(f"threads must be one of {THREADS}")
+    if config.vec not in VECS:
+        reasons.append(f"vec must be one of {VECS}")
+    elif config.vec * problem.itemsize > 16:
+        reasons.append(f"vec {config.vec} x {problem.itemsize} bytes exceeds a 16-byte access")
+    elif problem.hidden % config.vec:
+        reasons.append(
+            f"vec {config.vec} does not divide hidden {problem.hidden}: rows would start "
+            "misaligned for vector access"
+        )
+    if config.rows_per_block not in ROWS_PER_BLOCK:
+        reasons.append(f"rows_per_block must be one of {ROWS_PER_BLOCK}")
+    elif config.threads % config.rows_per_block or config.threads < config.rows_per_block:
+        reasons.append("rows_per_block must divide threads")
+    if config.cache not in CACHES:
+        reasons.append(f"cache must be one of {CACHES}")
+    stats_ok = STATS + (("naive",) if allow_unstable else ())
+    if config.stats not in stats_ok:
+        reasons.append(f"stats must be one of {stats_ok}")
+    if config.cluster not in CLUSTERS:
+        reasons.append(f"cluster must be one of {CLUSTERS}")
+    if config.blocks_per_sm not in BLOCKS_PER_SM:
+        reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
+    if reasons:
+        return reasons
+
+    if config.cluster > 1:
+        if device.cc < 90:
+            reasons.append("thread-block clusters need compute capability 9.0 or newer")
+        if config.rows_per_block != 1:
+            reasons.append("a cluster splits one row: rows_per_block must be 1")
+        if problem.hidden % (config.cluster * config.vec):
+            reasons.append("cluster x vec must divide hidden so every block gets whole vectors")
+    if config.stats == "two_pass" and config.cache == "none":
+        reasons.append("two_pass statistics re-read the row: they need a row cache")
+
+    shape = derive_shape(config, problem)
+    vectors = math.ceil(shape.segment / config.vec)
+    if vectors * 2 <= shape.threads_per_row:
+        reasons.append(
+            f"{shape.threads_per_row} threads per row for {vectors} vectors: over half the "
+            "threads would idle"
+        )
+    if config.cache == "registers":
+        if shape.cache_regs > MAX_CACHE_REGS:
+            reasons.append(
+                f"register row cache needs {shape.cache_regs} registers per thread "
+                f"(limit {MAX_CACHE_REGS})"
+            )
+        elif config.threads * (shape.cache_regs + OTHER_REGS) > device.regs_per_sm:
+            reasons.append(
+                f"{config.threads} threads x {shape.cache_regs + OTHER_REGS} registers exceed "
+                f"the {device.regs_per_sm} registers of an SM"
+            )
+    need = smem_bytes(config, problem)
+    if need > device.max_smem_optin:
+        reasons.append(
+            f"needs {need} bytes of shared memory (device opt-in limit {device.max_smem_optin})"
+        )
+    if config.cache == "none" and shape.iters > 4096:
+        reasons.append("row too long for one block without a cache: use a cluster")
+    return reasons
+
+
+def is_valid(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
+    """Return True if ``config`` can run ``problem`` on ``device``."""
+    return not check(config, problem, device)
+
+
+def require_valid(
+    config: KernelConfig,
+    problem: Problem,
+    device: DeviceLimits = H200,
+    *,
+    allow_unstable: bool = False,
+) -> None:
+    """Raise :class:`ConfigError` naming every reason ``config`` is invalid."""
+    reasons = check(config, problem, device, allow_unstable=allow_unstable)
+    if reasons:
+        raise ConfigError(f"{config.label()} cannot run {problem}: " + "; ".join(reasons))
+
+
+def iter_space() -> Iterator[KernelConfig]:
+    """Yield every point of the raw space (valid or not), in a fixed order."""
+    for t, v, r, c, s, cl, p in itertools.product(
+        THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM
+    ):
+        yield KernelConfig(t, v, r, c, s, cl, p)
+
+
+def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
+    """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
+    return [c for c in iter_space() if not check(c, problem, device)]
+
+
+def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfig:
+    """Return a sound configuration for any hidden size, without tuning.
+
+    Aims at about four 16-byte vectors per thread: the measured sweet spot of the untuned
+    kernel (shared/device/README.md, 2026-11-29), and a register cache where it fits.
+    """
+    vec = problem.max_vec
+    vectors = math.ceil(problem.hidden / vec)
+    tpr = min(1024, max(1, 1 << math.ceil(math.log2(max(1, math.ceil(vectors / 4))))))
+    rows = min(32, max(1, 128 // tpr))
+    threads = tpr * rows
+    for cache, stats in (("registers", "two_pass"), ("smem", "two_pass"), ("none", "welford")):
+        cfg = KernelConfig(threads, vec, rows, cache, stats, 1, 0)
+        if not check(cfg, problem, device):
+            return cfg
+    # Very long rows: welford without a cache always fits in one block up to the iters cap,
+    # past it split the row across a cluster.
+    for cluster in CLUSTERS:
+        cfg = KernelConfig(1024, vec, 1, "none", "welford", cluster, 0)
+        if not check(cfg, problem, device):
+            return cfg
+    raise ConfigError(f"no configuration can run {problem} on {device.name}")
+
+
+def rows_bucket(rows: int) -> int:
+    """Return the power-of-two bucket of a row count (1, 2, 4, ...; rows=0 maps to 1)."""
+    if rows <= 1:
+        return 1
+    return 1 << (rows - 1).bit_length()
