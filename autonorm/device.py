@@ -88,12 +88,13 @@ def gpu_available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def query_device(device_id: int | None = None) -> DeviceInfo:
     """Read the properties of a GPU (the current one by default).
 
     Raises:
         NoGPUError: there is no usable GPU.
+
     """
     cupy = import_cupy()
     if device_id is None:

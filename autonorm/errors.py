@@ -33,3 +33,11 @@ class VerificationError(AutonormError):
 
 class LaunchError(AutonormError):
     """A kernel launch failed or faulted."""
+
+
+class DatabaseError(AutonormError):
+    """The tuning database cannot be used: corrupt, read-only, locked or of a newer schema."""
+
+
+class CorruptDatabaseWarning(UserWarning):
+    """A corrupt tuning database was moved aside and replaced by a fresh, empty one."""

@@ -27,6 +27,7 @@ class Timing:
         gbps: bytes that must move (x read + y written + weight/bias) / median time, GB/s.
         share: gbps over the copy bandwidth measured on the same device (0..1), or 0 if unknown.
         samples: number of timed samples behind the statistics.
+
     """
 
     median_us: float

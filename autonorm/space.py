@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Literal
 
 DTypeName = Literal["float32", "float16", "bfloat16"]
 CacheKind = Literal["none", "registers", "smem"]
@@ -39,8 +40,11 @@ CLUSTERS = (1, 2, 4, 8)
 BLOCKS_PER_SM = (0, 1, 2, 4, 8)
 
 # Registers a thread may spend on the row cache. Beyond this ptxas spills or occupancy collapses;
-# the rest of the kernel needs about 40 registers (ptxas -v on sm_90, 2026-11-29).
-MAX_CACHE_REGS = 64
+# the rest of the kernel needs about 40 registers (ptxas -v on sm_90, 2026-11-29). The compiler may
+# hold the cached row converted to fp32, so elements per thread are capped too: at 128 elements
+# (bf16, 32 vectors of 4) ptxas used 255 registers and spilled (nvcc 13.0 sweep, 2026-11-29).
+MAX_CACHE_ITERS = 16
+MAX_CACHE_ELEMS = 64
 OTHER_REGS = 40
 # Shared memory the kernel needs besides the row cache: reduction scratch, 2 buffers x 32 warps x
 # 3 floats, plus the cluster exchange slots.
@@ -59,6 +63,7 @@ def normalize_dtype(dtype: object) -> str:
 
     Raises:
         ValueError: the dtype is not supported.
+
     """
     name = getattr(dtype, "name", None) or str(dtype)
     name = name.replace("torch.", "").lower()
@@ -137,6 +142,7 @@ class KernelConfig:
             memory merges their statistics).
         blocks_per_sm: 0 launches one block (cluster) per row tile; k > 0 launches a persistent
             grid of k blocks per SM that strides over the row tiles.
+
     """
 
     threads: int = 256
@@ -206,6 +212,36 @@ def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     return cache + SCRATCH_SMEM
 
 
+def register_estimate(config: KernelConfig, problem: Problem) -> int:
+    """Registers per thread a configuration needs, estimated (an upper bound in practice).
+
+    The rest of the kernel needs about OTHER_REGS; a register row cache adds its elements as
+    fp32 values (the compiler converts early), Welford's running triplets and divides about half
+    as much again, and a cluster's extra reductions 16. Fitted to the nvcc 13.0 sm_90 sweep of
+    2026-11-29 (420 kernels): every register-cache kernel admitted compiled without spills.
+    """
+    need = OTHER_REGS + (16 if config.cluster > 1 else 0)
+    per_elem = 1.5 if config.stats == "welford" else 1.25
+    if config.cache == "registers":
+        elems = derive_shape(config, problem).iters * config.vec
+    else:
+        elems = 4 * config.vec  # the loops are unrolled 4 vectors deep
+    return need + int(elems * per_elem)
+
+
+def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> int:
+    """The ``__launch_bounds__`` minimum blocks per SM: as many as the register estimate allows.
+
+    Without it ptxas guessed: at 512 threads it capped a kernel at 32 registers and spilled 4 KB;
+    with a minimum of 1 it gave a 128-thread kernel 128 registers, so only 4 blocks fit an SM and
+    it ran at 75% instead of ~85% of copy bandwidth (H200, bf16 4096, 2026-11-29).
+    """
+    # 16 registers of margin: at the bare estimate ptxas still spilled a few smem/none kernels.
+    need = -(-register_estimate(config, problem) // 8) * 8 + 16
+    by_regs = device.regs_per_sm // (config.threads * need)
+    return max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
+
+
 def check(
     config: KernelConfig,
     problem: Problem,
@@ -220,6 +256,7 @@ def check(
         problem: the problem it should solve.
         device: the device limits to respect.
         allow_unstable: accept ``stats="naive"`` (only the verifier's self-test does).
+
     """
     reasons: list[str] = []
     if config.threads not in THREADS:
@@ -266,17 +303,29 @@ def check(
             f"{shape.threads_per_row} threads per row for {vectors} vectors: over half the "
             "threads would idle"
         )
+    reg_cap = min(255, device.regs_per_sm // config.threads)
     if config.cache == "registers":
-        if shape.cache_regs > MAX_CACHE_REGS:
+        elems = shape.iters * config.vec
+        need_regs = register_estimate(config, problem)
+        # A cluster's extra reductions keep more live: two fp32 two-pass kernels with cluster 2
+        # spilled at iters 8 (1024 threads) and 16 (512 threads) in the same sweep.
+        max_iters = MAX_CACHE_ITERS if config.cluster == 1 else MAX_CACHE_ITERS // 2
+        # Sub-warp rows keep per-row masks and indices live: 48 fp32 elements spilled at 128
+        # registers (768, 16 threads per row, same sweep).
+        max_elems = MAX_CACHE_ELEMS if shape.threads_per_row >= 32 else MAX_CACHE_ELEMS // 2
+        if shape.iters > max_iters or elems > max_elems:
             reasons.append(
-                f"register row cache needs {shape.cache_regs} registers per thread "
-                f"(limit {MAX_CACHE_REGS})"
+                f"register row cache of {shape.iters} vectors / {elems} elements per thread "
+                f"(limits {max_iters} / {max_elems})"
             )
-        elif config.threads * (shape.cache_regs + OTHER_REGS) > device.regs_per_sm:
+        elif need_regs + 16 > reg_cap:  # 16 of margin: at the bare estimate one kernel spilled
             reasons.append(
-                f"{config.threads} threads x {shape.cache_regs + OTHER_REGS} registers exceed "
-                f"the {device.regs_per_sm} registers of an SM"
+                f"register row cache needs about {need_regs} registers per thread; "
+                f"{config.threads} threads allow {reg_cap}"
             )
+    if config.threads == 1024 and config.stats == "welford" and config.cluster > 1:
+        # At 64 registers per thread the cluster merge of Welford triplets spills (same sweep).
+        reasons.append("welford across a cluster spills at 1024 threads (64 registers each)")
     need = smem_bytes(config, problem)
     if need > device.max_smem_optin:
         reasons.append(

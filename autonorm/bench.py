@@ -1,0 +1,144 @@
+"""The timing protocol: CUDA events, warm-up by time, rotated inputs, medians.
+
+Every number autonorm reports comes from :func:`time_launches`:
+
+- warm-up by time (module load, clocks) before anything is recorded;
+- inputs rotated through enough buffers that their total exceeds 3x the L2, so no launch reads
+  a warm L2;
+- each sample times a batch of launches between two CUDA events; batches of short kernels are
+  replayed from a CUDA graph so launch gaps don't count;
+- median, p20, p80 and the coefficient of variation of the per-launch times.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from autonorm.results import Timing
+
+WARMUP_S = 0.03
+SAMPLE_TARGET_S = 300e-6  # each sample covers at least this much GPU time
+GRAPH_BELOW_S = 30e-6  # kernels shorter than this are timed from a CUDA graph
+
+
+def bytes_moved(rows: int, hidden: int, itemsize: int, affine_tensors: int) -> int:
+    """Bytes a LayerNorm forward must move: x read once, y written once, weight/bias once."""
+    return 2 * rows * hidden * itemsize + affine_tensors * hidden * itemsize
+
+
+def rotation_count(bytes_per_set: int, l2_bytes: int, cap_bytes: int = 2 << 30) -> int:
+    """How many input/output sets to rotate through so their total exceeds 3x the L2."""
+    want = math.ceil(3 * l2_bytes / max(bytes_per_set, 1)) + 1
+    fit = max(1, cap_bytes // max(bytes_per_set, 1))
+    return max(1, min(want, fit, 256))
+
+
+def summarize(per_launch_s: list[float], nbytes: int, copy_gbps: float | None) -> Timing:
+    """Reduce per-launch times (seconds) to a :class:`Timing`."""
+    ordered = sorted(per_launch_s)
+    median = statistics.median(ordered)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * (len(ordered) - 1) + 0.5))]
+
+    mean = statistics.fmean(ordered)
+    cv = statistics.pstdev(ordered) / mean if mean > 0 else 0.0
+    gbps = nbytes / median / 1e9
+    share = gbps / copy_gbps if copy_gbps else 0.0
+    return Timing(
+        median_us=median * 1e6,
+        p20_us=pct(0.2) * 1e6,
+        p80_us=pct(0.8) * 1e6,
+        cv=cv,
+        gbps=gbps,
+        share=share,
+        samples=len(ordered),
+    )
+
+
+def time_launches(
+    launch: Callable[[int, int], None],
+    nbytes: int,
+    n_sets: int,
+    *,
+    samples: int = 30,
+    copy_gbps: float | None = None,
+) -> Timing:
+    """Time a kernel launch with the protocol above.
+
+    Args:
+        launch: ``launch(i, stream_ptr)`` enqueues one launch on input set ``i % n_sets`` on
+            the given stream.
+        nbytes: bytes one launch must move (for GB/s).
+        n_sets: number of rotated input sets.
+        samples: number of timed batches.
+        copy_gbps: the device's copy bandwidth, for the share.
+
+    """
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    counter = 0
+
+    def run_direct(count: int) -> None:
+        nonlocal counter
+        for _ in range(count):
+            launch(counter % n_sets, stream.ptr)
+            counter += 1
+
+    # Warm-up by time, which also estimates one launch.
+    elapsed, launches = 0.0, 0
+    while elapsed < WARMUP_S or launches < 3:
+        start.record(stream)
+        run_direct(4)
+        stop.record(stream)
+        stop.synchronize()
+        elapsed += cupy.cuda.get_elapsed_time(start, stop) / 1e3
+        launches += 4
+    one = elapsed / launches
+    inner = max(1, min(1000, math.ceil(SAMPLE_TARGET_S / max(one, 1e-7))))
+    graph = None
+    if one < GRAPH_BELOW_S:
+        inner = max(inner, n_sets)
+        with stream:
+            stream.begin_capture()
+            run_direct(inner)
+            graph = stream.end_capture()
+        graph.launch(stream)
+    times = []
+    for _ in range(samples):
+        start.record(stream)
+        if graph is not None:
+            graph.launch(stream)
+        else:
+            run_direct(inner)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3 / inner)
+    return summarize(times, nbytes, copy_gbps)
+
+
+@functools.cache
+def copy_bandwidth_gbps(device_id: int = 0, nbytes: int = 1 << 29) -> float:
+    """Measure device-to-device copy bandwidth (bytes read + written per second), in GB/s."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        src = cupy.random.random(nbytes // 4, dtype=cupy.float32)
+        dst = cupy.empty_like(src)
+
+        def launch(_: int, stream_ptr: int) -> None:
+            dst.data.copy_from_device_async(src.data, nbytes, cupy.cuda.ExternalStream(stream_ptr))
+
+        timing = time_launches(launch, 2 * nbytes, 1, samples=15)
+    return timing.gbps
+
+
+def poison_fill(array: Any) -> None:
+    """Fill an output buffer with NaN bits (all ones), so unwritten elements show."""
+    array.view("uint8").fill(0xFF)

@@ -1,0 +1,172 @@
+"""Render a (KernelConfig, Problem) into CUDA C++ source and its launch plan.
+
+Rendering is pure and deterministic: the same inputs give the same bytes, on any machine, with
+no GPU. Compiling is :mod:`autonorm.compiler`'s job.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import jinja2
+
+from autonorm import __version__, config
+from autonorm.space import (
+    H200,
+    SCRATCH_SMEM,
+    DeviceLimits,
+    KernelConfig,
+    Problem,
+    derive_shape,
+    min_blocks_per_sm,
+    require_valid,
+    smem_bytes,
+)
+
+TEMPLATE = "layernorm_fwd.cu.j2"
+
+_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+_TO_FLOAT = {"float32": "a", "float16": "__half2float(a)", "bfloat16": "__bfloat162float(a)"}
+_FROM_FLOAT = {
+    "float32": "a",
+    "float16": "__float2half_rn(a)",
+    "bfloat16": "__float2bfloat16_rn(a)",
+}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How to launch a rendered kernel: block, dynamic shared memory and the grid rule."""
+
+    threads: int
+    smem_bytes: int
+    cluster: int
+    rows_per_block: int
+    blocks_per_sm: int
+
+    def grid(self, rows: int, sm_count: int) -> int:
+        """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
+
+        With ``blocks_per_sm == 0`` every row tile gets its own block (cluster); otherwise a
+        persistent grid of about ``blocks_per_sm`` blocks per SM strides over the tiles.
+        """
+        tiles = max(1, -(-rows // self.rows_per_block))
+        clusters = tiles
+        if self.blocks_per_sm:
+            clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))
+        return clusters * self.cluster
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """CUDA source of one kernel and everything needed to launch it."""
+
+    name: str
+    source: str
+    config: KernelConfig
+    problem: Problem
+    launch: LaunchPlan
+
+    @property
+    def source_hash(self) -> str:
+        """SHA-256 of the source (the compile cache key, with arch and CUDA version)."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(config.templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=False,
+        lstrip_blocks=False,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def templates_hash() -> str:
+    """Return a 12-hex hash of every template file (part of the tuning DB key)."""
+    digest = hashlib.sha256()
+    for path in sorted(config.templates_dir().glob("*.j2")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def code_version() -> str:
+    """Return the version string that keys tuned results: package version + template hash."""
+    return f"{__version__}+{templates_hash()}"
+
+
+def kernel_name(config_: KernelConfig, problem: Problem) -> str:
+    """Return the unique, deterministic C name of a kernel."""
+    text = repr((sorted(config_.to_dict().items()), problem))
+    return "autonorm_ln_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def render(
+    config_: KernelConfig,
+    problem: Problem,
+    device: DeviceLimits | None = None,
+    *,
+    allow_unstable: bool = False,
+) -> RenderedKernel:
+    """Render the kernel for ``config_`` on ``problem``.
+
+    Args:
+        config_: the kernel configuration.
+        problem: hidden size, dtype and affine flags.
+        device: limits to validate against (H200 when None).
+        allow_unstable: allow the deliberately unstable ``naive`` statistics (verifier tests).
+
+    Raises:
+        autonorm.space.ConfigError: the configuration is invalid for the problem.
+
+    """
+    if device is None:
+        require_valid(config_, problem, allow_unstable=allow_unstable)
+    else:
+        require_valid(config_, problem, device, allow_unstable=allow_unstable)
+    shape = derive_shape(config_, problem)
+    name = kernel_name(config_, problem)
+    context = {
+        "name": name,
+        "ns": name + "_ns",
+        "label": config_.label(),
+        "version": code_version(),
+        "dtype": problem.dtype,
+        "ctype": _CTYPES[problem.dtype],
+        "to_float": _TO_FLOAT[problem.dtype],
+        "from_float": _FROM_FLOAT[problem.dtype],
+        "itemsize": problem.itemsize,
+        "has_weight": problem.has_weight,
+        "has_bias": problem.has_bias,
+        "N": problem.hidden,
+        "SEG": shape.segment,
+        "NVEC": shape.segment // config_.vec,
+        "V": config_.vec,
+        "G": shape.threads_per_row,
+        "R": config_.rows_per_block,
+        "C": config_.cluster,
+        "ITERS": shape.iters,
+        "EVEN": shape.even,
+        "NWARP_G": max(shape.threads_per_row // 32, 1),
+        "threads": config_.threads,
+        "min_blocks": min_blocks_per_sm(config_, problem, device or H200),
+        "cache": config_.cache,
+        "stats": config_.stats,
+        "scratch_bytes": SCRATCH_SMEM,
+    }
+    source = _environment().get_template(TEMPLATE).render(**context)
+    plan = LaunchPlan(
+        threads=config_.threads,
+        smem_bytes=smem_bytes(config_, problem),
+        cluster=config_.cluster,
+        rows_per_block=config_.rows_per_block,
+        blocks_per_sm=config_.blocks_per_sm,
+    )
+    return RenderedKernel(name, source, config_, problem, plan)

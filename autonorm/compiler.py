@@ -1,0 +1,288 @@
+"""Compile rendered kernels: NVRTC through CuPy at run time, nvcc offline.
+
+Run time: :func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``.
+Modules are cached in this process (keyed by source hash, arch and CUDA version) and on disk by
+CuPy's kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a
+second process loads the cubin instead of compiling again. :func:`precompile` warms that disk
+cache from a pool of processes, so a tuner's GPU does not wait on NVRTC.
+
+Offline: :func:`compile_offline` compiles many kernels for a named arch with nvcc on a machine
+without a GPU and reports registers, shared memory and spills from ``-Xptxas -v``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autonorm.codegen import LaunchPlan, RenderedKernel
+from autonorm.errors import CompileError, LaunchError
+
+# 177: variable declared but never referenced; 550: set but never used. The template declares
+# the same locals for every variant; some variants leave a few unused.
+_DIAG = "177,550"
+
+# Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
+_DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+def nvrtc_options(arch: str) -> tuple[str, ...]:
+    """Return the NVRTC options for ``arch`` (e.g. ``sm_90``)."""
+    return ("-std=c++17", f"--gpu-architecture={arch}", f"--diag-suppress={_DIAG}")
+
+
+class CompiledKernel:
+    """A loaded kernel and its launch plan; :meth:`launch` takes raw device pointers."""
+
+    def __init__(
+        self,
+        rendered: RenderedKernel,
+        function: Any,
+        sm_count: int,
+        attributes: dict[str, int] | None = None,
+    ) -> None:
+        """Wrap a CuPy ``Function`` (``RawKernel.kernel``) for fast launches."""
+        import numpy as np
+
+        self.attributes = dict(attributes or {})
+        self.rendered = rendered
+        self.name = rendered.name
+        self.plan: LaunchPlan = rendered.launch
+        self._function = function
+        self._sm_count = sm_count
+        self._block = (self.plan.threads, 1, 1)
+        self._smem = self.plan.smem_bytes
+        self._np = np
+        self._streams: dict[int, Any] = {}
+
+    def grid(self, rows: int) -> int:
+        """Blocks launched for ``rows`` rows."""
+        return self.plan.grid(rows, self._sm_count)
+
+    def launch(
+        self,
+        x_ptr: int,
+        w_ptr: int,
+        b_ptr: int,
+        y_ptr: int,
+        rows: int,
+        eps: float,
+        stream_ptr: int | None = None,
+        grid: int | None = None,
+    ) -> None:
+        """Launch on raw device pointers (0 for an absent weight or bias).
+
+        Args:
+            x_ptr: input, rows x hidden, contiguous, 16-byte aligned.
+            w_ptr: weight (hidden,) or 0.
+            b_ptr: bias (hidden,) or 0.
+            y_ptr: output, like x.
+            rows: number of rows.
+            eps: added to the variance.
+            stream_ptr: CUDA stream handle; None uses CuPy's current stream.
+            grid: override the number of blocks (verification uses a small grid to exercise
+                the grid-stride loop); must be a multiple of the cluster size.
+
+        """
+        if rows <= 0:
+            return
+        np = self._np
+        if grid is None:
+            grid = self.plan.grid(rows, self._sm_count)
+        stream = None
+        if stream_ptr is not None:
+            stream = self._streams.get(stream_ptr)
+            if stream is None:
+                import cupy
+
+                stream = cupy.cuda.ExternalStream(stream_ptr)
+                self._streams[stream_ptr] = stream
+        args = (
+            np.uint64(x_ptr),
+            np.uint64(w_ptr),
+            np.uint64(b_ptr),
+            np.uint64(y_ptr),
+            np.int32(rows),
+            np.float32(eps),
+        )
+        try:
+            self._function((grid, 1, 1), self._block, args, self._smem, stream)
+        except Exception as exc:  # noqa: BLE001 - CuPy raises CUDADriverError and others
+            raise LaunchError(f"launch of {self.rendered.config.label()} failed: {exc}") from exc
+
+
+_MODULES: dict[tuple[str, str, int], Any] = {}
+
+
+def cuda_version() -> int:
+    """Return the CUDA runtime version CuPy was built against (e.g. 13000)."""
+    import cupy
+
+    return int(cupy.cuda.runtime.runtimeGetVersion())
+
+
+def compile_kernel(rendered: RenderedKernel, device_id: int | None = None) -> CompiledKernel:
+    """Compile (or fetch from the caches) and load a rendered kernel on a GPU.
+
+    Raises:
+        CompileError: NVRTC rejected the source.
+        autonorm.device.NoGPUError: no GPU or no CuPy.
+
+    """
+    from autonorm.device import import_cupy, query_device
+
+    cupy = import_cupy()
+    info = query_device(device_id)
+    key = (rendered.source_hash, info.arch, cuda_version())
+    module = _MODULES.get(key)
+    with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.runtime.getDevice()):
+        if module is None:
+            try:
+                module = cupy.RawModule(code=rendered.source, options=nvrtc_options(info.arch))
+                raw = module.get_function(rendered.name)
+                _ = raw.attributes  # forces compile + load now, errors surface here
+            except cupy.cuda.compiler.CompileException as exc:
+                raise CompileError(f"{rendered.config.label()}: {exc}") from exc
+            _MODULES[key] = module
+        raw = module.get_function(rendered.name)
+        if rendered.launch.smem_bytes > _DEFAULT_SMEM_LIMIT:
+            raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
+        return CompiledKernel(rendered, raw.kernel, info.sm_count, raw.attributes)
+
+
+def _warm_one(source: str, options: tuple[str, ...], name: str) -> str | None:
+    """Compile one source in a pool worker so CuPy's disk cache holds it; return the error."""
+    import cupy
+
+    try:
+        module = cupy.RawModule(code=source, options=options)
+        module.get_function(name)
+    except Exception as exc:  # noqa: BLE001 - report any compile failure as text
+        return str(exc)
+    return None
+
+
+class CompilePool:
+    """A pool of processes that compile kernels ahead of their use (warms the disk cache)."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        """Start ``workers`` processes (spawned: CUDA does not survive a fork)."""
+        self.workers = workers or max(1, min(8, (os.cpu_count() or 2) - 1))
+        self._executor = concurrent.futures.ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+        )
+        self._futures: dict[str, concurrent.futures.Future[str | None]] = {}
+
+    def submit(self, rendered: RenderedKernel, arch: str) -> None:
+        """Start compiling ``rendered`` unless it is already queued or done."""
+        if rendered.source_hash in self._futures:
+            return
+        self._futures[rendered.source_hash] = self._executor.submit(
+            _warm_one, rendered.source, nvrtc_options(arch), rendered.name
+        )
+
+    def wait(self, rendered: RenderedKernel) -> str | None:
+        """Wait for ``rendered``'s compile; return its error text or None."""
+        future = self._futures.get(rendered.source_hash)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        except Exception as exc:  # noqa: BLE001 - a dead worker is a compile failure here
+            return f"compile worker failed: {exc}"
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """Resources of one compiled kernel, from ``ptxas -v``."""
+
+    name: str
+    registers: int
+    static_smem: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> bool:
+        """True when the kernel uses local memory for spills or a stack frame."""
+        return bool(self.spill_stores or self.spill_loads or self.stack_frame)
+
+
+_FUNC_RE = re.compile(r"Function properties for (\w+)")
+_FRAME_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_COMPILING_RE = re.compile(r"Compiling entry function '(\w+)'")
+_USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def nvcc_path() -> str | None:
+    """Return the nvcc executable, or None if it is not installed."""
+    return shutil.which("nvcc")
+
+
+def parse_ptxas(log: str) -> dict[str, PtxasReport]:
+    """Parse ``nvcc -Xptxas -v`` output into one report per kernel."""
+    frames: dict[str, tuple[int, int, int]] = {}
+    used: dict[str, tuple[int, int]] = {}
+    current_props = current_entry = None
+    for line in log.splitlines():
+        if m := _FUNC_RE.search(line):
+            current_props = m.group(1)
+        elif (m := _FRAME_RE.search(line)) and current_props:
+            frames[current_props] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if m := _COMPILING_RE.search(line):
+            current_entry = m.group(1)
+        elif (m := _USED_RE.search(line)) and current_entry:
+            used[current_entry] = (int(m.group(1)), int(m.group(2) or 0))
+    reports = {}
+    for name, (regs, smem) in used.items():
+        frame, st, ld = frames.get(name, (0, 0, 0))
+        reports[name] = PtxasReport(name, regs, smem, frame, st, ld)
+    return reports
+
+
+def compile_offline(
+    kernels: Sequence[RenderedKernel], arch: str = "sm_90", *, workdir: Path | None = None
+) -> dict[str, PtxasReport]:
+    """Compile ``kernels`` together with nvcc for ``arch``; no GPU needed.
+
+    The sources are concatenated into one translation unit (every kernel has a unique name and
+    its helpers live in a namespace of their own), so a sweep costs one nvcc run.
+
+    Raises:
+        CompileError: nvcc is missing or rejected the source (its log is in the message).
+
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise CompileError("nvcc not found on PATH: offline compilation needs the CUDA toolkit")
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        src = Path(tmp) / "sweep.cu"
+        src.write_text("\n".join(k.source for k in kernels))
+        cmd = [
+            nvcc, f"-arch={arch}", "-std=c++17", "-cubin", "-Xptxas", "-v",
+            f"-diag-suppress={_DIAG}", "-o", str(Path(tmp) / "sweep.cubin"), str(src),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        reports = parse_ptxas(proc.stdout + proc.stderr)
+    missing = [k.name for k in kernels if k.name not in reports]
+    if missing:
+        raise CompileError(f"ptxas reported nothing for {missing[:3]}")
+    return reports

@@ -1,0 +1,164 @@
+"""The GPU evaluator: render, compile, verify, then time one candidate.
+
+It implements the tuner's ``Evaluator`` contract (:mod:`autonorm.tuner`). A candidate's own
+failure never raises: it comes back as an :class:`~autonorm.results.Outcome` with its class.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from autonorm import bench, codegen, compiler
+from autonorm.errors import CompileError, LaunchError
+from autonorm.reference import from_float64
+from autonorm.results import Outcome, Timing
+from autonorm.space import ConfigError, KernelConfig, Problem
+from autonorm.verify import verify
+
+
+class GpuEvaluator:
+    """Evaluates candidates for one problem and row count on one GPU."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        rows: int,
+        *,
+        device_id: int = 0,
+        pool: compiler.CompilePool | None = None,
+        samples: int = 25,
+        seed: int = 0,
+    ) -> None:
+        """Allocate rotated inputs for ``rows`` x ``problem.hidden`` and measure copy speed."""
+        import cupy
+        import numpy as np
+
+        from autonorm.device import query_device
+
+        self.problem = problem
+        self.rows = rows
+        self.device_id = device_id
+        self.info = query_device(device_id)
+        self.limits = self.info.limits()
+        self.pool = pool
+        self.samples = samples
+        self.copy_gbps = bench.copy_bandwidth_gbps(device_id)
+        self._kernels: dict[KernelConfig, Any] = {}
+        self.nbytes = bench.bytes_moved(
+            rows, problem.hidden, problem.itemsize,
+            int(problem.has_weight) + int(problem.has_bias),
+        )
+        per_set = 2 * rows * problem.hidden * problem.itemsize
+        self.n_sets = bench.rotation_count(per_set, self.info.l2_bytes)
+        rng = np.random.default_rng(seed)
+        with cupy.cuda.Device(device_id):
+            base = rng.standard_normal((rows, problem.hidden))
+            x0 = cupy.asarray(from_float64(base, problem.dtype))
+            # Each set is a different permutation of rows: real data, never zeros, cheap to make.
+            self._xs = [x0] + [cupy.roll(x0, k + 1, axis=0) for k in range(self.n_sets - 1)]
+            self._ys = [cupy.empty_like(x0) for _ in range(self.n_sets)]
+            w = from_float64(1.0 + 0.1 * rng.standard_normal(problem.hidden), problem.dtype)
+            b = from_float64(0.1 * rng.standard_normal(problem.hidden), problem.dtype)
+            self._w = cupy.asarray(w) if problem.has_weight else None
+            self._b = cupy.asarray(b) if problem.has_bias else None
+
+    def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+        return codegen.render(config, self.problem, self.limits)
+
+    def prepare(self, configs: Sequence[KernelConfig]) -> None:
+        """Start compiling ``configs`` in the pool (no-op without a pool)."""
+        if self.pool is None:
+            return
+        for config in configs:
+            try:
+                self.pool.submit(self._render(config), self.info.arch)
+            except ConfigError:
+                continue
+
+    def _compile(self, config: KernelConfig) -> Any:
+        kernel = self._kernels.get(config)
+        if kernel is None:
+            rendered = self._render(config)
+            if self.pool is not None:
+                error = self.pool.wait(rendered)
+                if error:
+                    raise CompileError(error)
+            kernel = compiler.compile_kernel(rendered, self.device_id)
+            self._kernels[config] = kernel
+        return kernel
+
+    def _launcher(self, kernel: Any) -> Any:
+        wp = 0 if self._w is None else self._w.data.ptr
+        bp = 0 if self._b is None else self._b.data.ptr
+        xs = [x.data.ptr for x in self._xs]
+        ys = [y.data.ptr for y in self._ys]
+        rows = self.rows
+
+        def launch(i: int, stream_ptr: int) -> None:
+            kernel.launch(xs[i], wp, bp, ys[i], rows, 1e-5, stream_ptr)
+
+        return launch
+
+    def time(self, config: KernelConfig, samples: int | None = None) -> Timing:
+        """Time an already verified configuration."""
+        kernel = self._compile(config)
+        return bench.time_launches(
+            self._launcher(kernel), self.nbytes, self.n_sets,
+            samples=samples or self.samples, copy_gbps=self.copy_gbps,
+        )
+
+    def evaluate(self, config: KernelConfig) -> Outcome:
+        """Compile, verify against float64, then time ``config``."""
+        try:
+            kernel = self._compile(config)
+        except ConfigError as exc:
+            return Outcome("invalid", error=str(exc))
+        except CompileError as exc:
+            return Outcome("compile", error=str(exc)[-2000:])
+        local = _local_bytes(kernel)
+        if local:
+            return Outcome("compile", error=f"uses {local} bytes of local memory (spills)")
+        try:
+            result = verify(kernel, self.problem)
+        except LaunchError as exc:
+            return Outcome("launch", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - CUDA errors surface as several types
+            return Outcome("launch", error=f"{type(exc).__name__}: {exc}")
+        if not result.ok:
+            return Outcome("verification", error=result.summary(), max_rel_err=result.max_rel_err)
+        try:
+            timing = self.time(config)
+        except Exception as exc:  # noqa: BLE001
+            return Outcome("launch", error=f"{type(exc).__name__}: {exc}")
+        return Outcome("ok", timing=timing, max_rel_err=result.max_rel_err)
+
+    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Timing]:
+        """Re-time ``configs`` interleaved (round-robin) ``rounds`` times; median of rounds."""
+        per: list[list[Timing]] = [[] for _ in configs]
+        for _ in range(rounds):
+            for i, config in enumerate(configs):
+                per[i].append(self.time(config, samples=max(5, self.samples // 3)))
+        out = []
+        for timings in per:
+            med = statistics.median(t.median_us for t in timings)
+            best = min(timings, key=lambda t: abs(t.median_us - med))
+            cv = statistics.pstdev([t.median_us for t in timings]) / med if med else 0.0
+            out.append(
+                Timing(
+                    median_us=med,
+                    p20_us=min(t.p20_us for t in timings),
+                    p80_us=max(t.p80_us for t in timings),
+                    cv=max(cv, best.cv),
+                    gbps=self.nbytes / (med * 1e-6) / 1e9,
+                    share=self.nbytes / (med * 1e-6) / 1e9 / self.copy_gbps,
+                    samples=sum(t.samples for t in timings),
+                )
+            )
+        return out
+
+
+def _local_bytes(kernel: Any) -> int:
+    """Local memory per thread of a loaded kernel (spills or stack), 0 if unknown."""
+    return int(kernel.attributes.get("local_size_bytes", 0))

@@ -1,0 +1,159 @@
+"""The float64 LayerNorm reference, dtype conversions and error measures.
+
+Array-module agnostic: every function takes NumPy or CuPy arrays and uses the module they came
+from (``xp``), so the reference can run on the GPU for large verification inputs. No CuPy import
+at module import.
+
+bfloat16 is stored as raw ``uint16`` bits (the top half of a float32), so neither NumPy nor CuPy
+needs a bfloat16 dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Tolerances of the float64 check, per dtype. The output is rounded to its dtype, so the floor is
+# that rounding: relative L2 ~ 2^-9 (bf16), 2^-12 (fp16), 2^-25 (fp32) of the values.
+#   rel_l2:     ||y - ref|| / ||ref||
+#   scaled_max: max |y - ref| / max |ref|
+# fp32 allows 2e-6: a correct kernel measures ~5e-8 on rows with mean 1000 and spread 0.1, and
+# the unshifted one-pass variant ~1e-1, so the bound separates them by orders of magnitude.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "float32": {"rel_l2": 2e-6, "scaled_max": 1e-5},
+    "float16": {"rel_l2": 1e-3, "scaled_max": 2e-3},
+    "bfloat16": {"rel_l2": 8e-3, "scaled_max": 1.6e-2},
+}
+
+STORAGE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def array_module(array: Any) -> Any:
+    """Return numpy or cupy, whichever module ``array`` belongs to."""
+    module = type(array).__module__
+    if module.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_float64(stored: Any, dtype: str) -> Any:
+    """Convert stored values (bf16 as uint16 bits) to float64."""
+    xp = array_module(stored)
+    if dtype == "bfloat16":
+        bits = stored.view(xp.uint16).astype(xp.uint32) << 16
+        return bits.view(xp.float32).astype(xp.float64)
+    return stored.astype(xp.float64)
+
+
+def from_float64(values: Any, dtype: str) -> Any:
+    """Round float64 values to the storage of ``dtype`` (round to nearest even).
+
+    For bfloat16 the result is uint16 bits; NaN stays NaN.
+    """
+    xp = array_module(values)
+    if dtype == "bfloat16":
+        f32 = values.astype(xp.float32)
+        bits = f32.view(xp.uint32)
+        rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+        nan = xp.isnan(f32)
+        out = rounded.astype(xp.uint16)
+        out[nan] = 0x7FC0
+        return out
+    return values.astype(STORAGE_DTYPE[dtype])
+
+
+def layer_norm_reference(
+    x: Any, weight: Any | None, bias: Any | None, eps: float
+) -> Any:
+    """Float64 LayerNorm over the last axis of float64 inputs (two-pass, exact to rounding)."""
+    xp = array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    y = centered / xp.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """How far an output is from the reference."""
+
+    rel_l2: float
+    scaled_max: float
+    nonfinite: int  # elements that are NaN/Inf where the reference is finite (unwritten)
+
+    def within(self, dtype: str) -> bool:
+        """True when the errors are inside the tolerances of ``dtype``."""
+        tol = TOLERANCES[dtype]
+        return (
+            self.nonfinite == 0
+            and self.rel_l2 <= tol["rel_l2"]
+            and self.scaled_max <= tol["scaled_max"]
+        )
+
+
+def measure_error(y: Any, ref: Any) -> ErrorReport:
+    """Compare an output (float64) with the float64 reference."""
+    xp = array_module(y)
+    finite_ref = xp.isfinite(ref)
+    bad = int((~xp.isfinite(y) & finite_ref).sum())
+    diff = xp.where(finite_ref, y - ref, 0.0)
+    diff = xp.where(xp.isfinite(diff), diff, 0.0)
+    ref_f = xp.where(finite_ref, ref, 0.0)
+    norm = float(xp.sqrt((ref_f * ref_f).sum()))
+    dnorm = float(xp.sqrt((diff * diff).sum()))
+    scale = float(xp.abs(ref_f).max()) if ref_f.size else 0.0
+    rel = dnorm / norm if norm > 0 else dnorm
+    smax = float(xp.abs(diff).max()) / scale if scale > 0 and diff.size else 0.0
+    return ErrorReport(rel_l2=rel, scaled_max=smax, nonfinite=bad)
+
+
+def chan_merge(
+    a: tuple[float, float, float], b: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """Merge two (count, mean, M2) partials (Chan et al.), as the kernels do across threads.
+
+    >>> chan_merge((2, 11.0, 2.0), (2, 15.0, 2.0))
+    (4, 13.0, 20.0)
+    """
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    if nb == 0:
+        return a
+    if na == 0:
+        return b
+    delta = mb - ma
+    mean = ma + delta * nb / n
+    m2 = m2a + m2b + delta * delta * na * nb / n
+    return (n, mean, m2)
+
+
+def welford(values: Any) -> tuple[float, float, float]:
+    """Return (count, mean, M2) of ``values`` by Welford's update, in float64."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for v in np.asarray(values, dtype=np.float64).ravel():
+        n += 1
+        delta = v - mean
+        mean += delta / n
+        m2 += delta * (v - mean)
+    return (n, mean, m2)
+
+
+def layer_norm_cpu(x: np.ndarray, weight: Any | None, bias: Any | None, eps: float) -> Any:
+    """LayerNorm of NumPy arrays on the CPU, returned in the input dtype (float64 inside)."""
+    y = layer_norm_reference(
+        x.astype(np.float64),
+        None if weight is None else np.asarray(weight, dtype=np.float64),
+        None if bias is None else np.asarray(bias, dtype=np.float64),
+        eps,
+    )
+    return y.astype(x.dtype)

@@ -1,0 +1,1133 @@
+#!/usr/bin/env python3
+"""Compare autonorm's LayerNorm forward with its peers on one CUDA GPU.
+
+Peers: PyTorch eager (``F.layer_norm``), ``torch.compile`` of it (``dynamic=False``), a
+Triton-tutorial-style kernel (``benchmarks/triton_tutorial_ln.py``) and Liger-Kernel.
+
+Run on the GPU machine, from the repository root::
+
+    python3 benchmarks/peers.py                    # everything (about 5 minutes on an H200)
+    python3 benchmarks/peers.py --quick --out $OUT # fewer sweep shapes
+    python3 benchmarks/peers.py --selftest         # no GPU: tables, JSON, plot on fake numbers
+
+Method (see the project's timing notes): every implementation is first checked against a
+float64 reference on the same input (relative L2 error; above 1e-2 for bf16/fp16 or 1e-4 for
+fp32 it is flagged WRONG), then timed with ``triton.testing.do_bench`` (L2 flushed before each
+call, median of the repeats). Latency shapes are also timed by CUDA-graph replay
+(``do_bench_cudagraph``, L2 not flushed) and host-inclusive (wall time of back-to-back calls).
+Bandwidth counts x read once, y written once, weight and bias read once; the share is taken of a
+device-to-device copy measured in the same run. A failure of one implementation at one shape
+becomes an error row; the run carries on. Results are written to ``--out`` after every shape, so
+a run cut short still leaves ``peers.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import faulthandler
+import glob
+import inspect
+import io
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+ALL_IMPLS = ("autonorm", "eager", "compile", "triton", "liger")
+PEERS = ("eager", "compile", "triton", "liger")
+ALL_SUITES = ("sweep", "latency", "llm")
+RUN_ORDER = ("latency", "llm", "sweep")
+DTYPES = ("bf16", "fp16", "fp32")
+ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
+TOL = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
+
+SWEEP_HIDDEN = (768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
+QUICK_HIDDEN = (1024, 4096, 16384, 65536)
+QUICK_DTYPES = ("bf16", "fp32")
+SWEEP_ELEMENTS = 2**26
+LATENCY_HIDDEN = 16384
+LATENCY_ROWS = (1, 8, 64, 512)
+LLM_TOKENS = 4096
+LLM_HIDDEN = (4096, 8192)
+
+EPS = 1e-5
+DEVICE = "cuda"  # a module constant so a CPU dry run can patch it
+COPY_BYTES = 2**28
+HOST_CALLS = 200
+HOST_REPEATS = 5
+BENCH_WARMUP_MS = 25
+BENCH_REP_MS = 100
+GRAPH_REP_MS = 20
+QUANTILES = [0.5, 0.2, 0.8]
+TARGET_SHARE = 0.95
+MAX_PROBLEM_LINES = 25
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One problem: a suite name, a dtype and a (rows, hidden) input."""
+
+    suite: str
+    dtype: str
+    hidden: int
+    rows: int
+
+    @property
+    def bytes(self) -> int:
+        """Fewest bytes a forward must move: x read, y written, weight and bias read."""
+        item = ITEMSIZE[self.dtype]
+        return self.rows * self.hidden * item * 2 + 2 * self.hidden * item
+
+    def label(self) -> str:
+        return f"{self.suite} {self.dtype} h={self.hidden} rows={self.rows}"
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = _csv(text)
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(
+            f"{what}: {', '.join(bad) or '(empty)'} not in {', '.join(allowed)}"
+        )
+    return items
+
+
+def _hidden_list(text: str) -> list[int]:
+    try:
+        vals = [int(t) for t in _csv(text)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--hidden: {exc}") from exc
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError("--hidden: give positive integers, e.g. 1024,4096")
+    return vals
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="autonorm vs PyTorch eager, torch.compile, Triton tutorial and Liger.",
+    )
+    p.add_argument("--dtypes", type=lambda s: _choices(s, DTYPES, "--dtypes"), default=None,
+                   help="sweep dtypes, e.g. bf16,fp16,fp32 (default all; --quick: bf16,fp32)")
+    p.add_argument("--hidden", type=_hidden_list, default=None,
+                   help="sweep hidden sizes, comma-separated (default "
+                        + ",".join(map(str, SWEEP_HIDDEN)) + ")")
+    p.add_argument("--suites", type=lambda s: _choices(s, ALL_SUITES, "--suites"),
+                   default=list(ALL_SUITES),
+                   help="sweep,latency,llm (default all; run as latency, llm, sweep)")
+    p.add_argument("--impls", type=lambda s: _choices(s, ALL_IMPLS, "--impls"),
+                   default=list(ALL_IMPLS), help="autonorm,eager,compile,triton,liger")
+    p.add_argument("--latency-dtypes", type=lambda s: _choices(s, DTYPES, "--latency-dtypes"),
+                   default=["bf16"], help="dtypes of the latency and llm suites (default bf16)")
+    p.add_argument("--quick", action="store_true",
+                   help="sweep only hidden " + ",".join(map(str, QUICK_HIDDEN)) + " in bf16,fp32")
+    p.add_argument("--out", default=None,
+                   help="output folder (default benchmarks/results; --selftest: a temp folder)")
+    p.add_argument("--budget-s", type=float, default=520.0,
+                   help="after this many seconds, remaining shapes are skipped (error rows)")
+    p.add_argument("--liger-wheel", default="auto",
+                   help="if liger_kernel does not import: 'auto' installs a liger_kernel-*.whl "
+                        "found in .whl/ or shared/device/wheels (--no-deps, offline), a path "
+                        "installs that wheel, 'none' installs nothing")
+    p.add_argument("--plain", action="store_true", help="plain-text tables even if rich is there")
+    p.add_argument("--selftest", action="store_true",
+                   help="no GPU: exercise parsing, tables, JSON and plot on synthetic numbers")
+    args = p.parse_args(argv)
+    if args.dtypes is None:
+        args.dtypes = list(QUICK_DTYPES) if args.quick else list(DTYPES)
+    if args.hidden is None:
+        args.hidden = list(QUICK_HIDDEN) if args.quick else list(SWEEP_HIDDEN)
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix="peers-selftest-") if args.selftest else str(
+            HERE / "results"
+        )
+    return args
+
+
+def build_shapes(args: argparse.Namespace) -> list[Shape]:
+    shapes: list[Shape] = []
+    # The small suites run first, so a run cut short by --budget-s loses sweep shapes only.
+    for suite in [s for s in RUN_ORDER if s in args.suites]:
+        if suite == "sweep":
+            for dt in args.dtypes:
+                for h in args.hidden:
+                    shapes.append(Shape("sweep", dt, h, max(1, SWEEP_ELEMENTS // h)))
+        elif suite == "latency":
+            for dt in args.latency_dtypes:
+                for r in LATENCY_ROWS:
+                    shapes.append(Shape("latency", dt, LATENCY_HIDDEN, r))
+        elif suite == "llm":
+            for dt in args.latency_dtypes:
+                for h in LLM_HIDDEN:
+                    shapes.append(Shape("llm", dt, h, LLM_TOKENS))
+    return shapes
+
+
+def new_record(shape: Shape, impl: str) -> dict:
+    return {
+        "suite": shape.suite,
+        "dtype": shape.dtype,
+        "hidden": shape.hidden,
+        "rows": shape.rows,
+        "bytes": shape.bytes,
+        "impl": impl,
+        "status": "error",  # ok | WRONG | error | unavailable | skipped
+        "rel_err": None,
+        "tol": TOL[shape.dtype],
+        "ms": None,
+        "ms_p20": None,
+        "ms_p80": None,
+        "gbps": None,
+        "share": None,
+        "graph_us": None,
+        "host_us": None,
+        "first_call_s": None,
+        "path": None,
+        "out_dtype": None,
+        "error": None,
+    }
+
+
+def gbps_of(nbytes: int, ms: float | None) -> float | None:
+    if ms is None or not ms > 0:
+        return None
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " | ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# Implementations (everything below imports torch lazily: --selftest needs none of it)
+# --------------------------------------------------------------------------------------------
+
+
+class Unavailable(Exception):
+    """An implementation cannot run at all in this environment."""
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+def _as_torch(y):
+    import torch
+
+    if isinstance(y, torch.Tensor):
+        return y
+    return torch.from_dlpack(y)
+
+
+def _install_liger(spec: str) -> str:
+    """Try to install a Liger wheel without network; return what was done."""
+    if spec == "none":
+        return "not installed (--liger-wheel none)"
+    if spec == "auto":
+        patterns = [
+            REPO / ".whl" / "liger_kernel-*.whl",
+            REPO / "shared" / "device" / "wheels" / "liger_kernel-*.whl",
+            REPO.parent / "shared" / "device" / "wheels" / "liger_kernel-*.whl",
+        ]
+        found = [f for pat in patterns for f in sorted(glob.glob(str(pat)))]
+        if not found:
+            return "no liger_kernel wheel found in .whl/ or shared/device/wheels/"
+        wheel = found[-1]
+    else:
+        wheel = spec
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", wheel]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    except Exception as exc:  # noqa: BLE001 - report and carry on
+        return f"pip install {wheel} failed: {_short(exc)}"
+    if proc.returncode != 0:
+        return f"pip install {wheel} failed: {(proc.stderr or proc.stdout)[-300:]}"
+    return f"installed {wheel}"
+
+
+class Impls:
+    """Holds each implementation's callable factory, or the reason it is unavailable."""
+
+    def __init__(self, names: list[str], liger_wheel: str) -> None:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+
+        self.torch = torch
+        self.F = F
+        self.names = names
+        self.unavailable: dict[str, str] = {}
+        self.versions: dict[str, str | None] = {}
+        self.notes: dict[str, str] = {}
+        self._compiled: dict[str, object] = {}
+        self._autonorm = None
+        self._autonorm_torch = None
+        self._liger = None
+        self._triton_ln = None
+
+        if "autonorm" in names:
+            self._load_autonorm()
+        if "compile" in names:
+            self._setup_compile()
+        if "triton" in names:
+            try:
+                sys.path.insert(0, str(HERE))
+                import triton_tutorial_ln
+
+                self._triton_ln = triton_tutorial_ln.layer_norm
+            except Exception as exc:  # noqa: BLE001
+                self.unavailable["triton"] = _short(exc)
+        if "liger" in names:
+            self._load_liger(liger_wheel)
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _load_autonorm(self) -> None:
+        if (REPO / "autonorm" / "__init__.py").is_file() and str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        errors = []
+        try:
+            import autonorm
+
+            self.versions["autonorm"] = getattr(autonorm, "__version__", None)
+            self.notes["autonorm_file"] = getattr(autonorm, "__file__", None) or "?"
+        except Exception as exc:  # noqa: BLE001
+            self.unavailable["autonorm"] = _short(exc)
+            return
+        try:
+            self._autonorm = autonorm.layer_norm  # lazy attribute: imports autonorm.dispatch
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"autonorm.layer_norm: {_short(exc)}")
+        try:
+            import autonorm.torch as an_torch
+
+            self._autonorm_torch = an_torch.layer_norm
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"autonorm.torch.layer_norm: {_short(exc)}")
+        if errors:
+            self.notes["autonorm_import"] = "; ".join(errors)
+        if self._autonorm is None and self._autonorm_torch is None:
+            self.unavailable["autonorm"] = "; ".join(errors)
+
+    def _setup_compile(self) -> None:
+        torch = self.torch
+        try:
+            import torch._dynamo as dynamo
+
+            cfg = dynamo.config
+            # One compiled function, recompiled per shape and dtype (dynamic=False): allow
+            # enough cache entries, and fail loudly instead of silently running eager.
+            settings = (
+                (("recompile_limit", "cache_size_limit"), 512),
+                (("accumulated_recompile_limit", "accumulated_cache_size_limit"), 4096),
+                (("fail_on_recompile_limit_hit",), True),
+                (("suppress_errors",), False),
+            )
+            for aliases, val in settings:
+                for name in aliases:
+                    if hasattr(cfg, name):
+                        setattr(cfg, name, val)
+                        break
+        except Exception as exc:  # noqa: BLE001
+            self.notes["compile_config"] = _short(exc)
+        F = self.F  # noqa: N806
+
+        def ln(x, w, b, eps: float):
+            return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+        try:
+            for dt in DTYPES:
+                self._compiled[dt] = torch.compile(ln, dynamic=False)
+        except Exception as exc:  # noqa: BLE001
+            self.unavailable["compile"] = _short(exc)
+
+    def _load_liger(self, wheel_spec: str) -> None:
+        def attempt():
+            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+            return LigerLayerNormFunction
+
+        try:
+            fn = attempt()
+        except Exception as exc:  # noqa: BLE001
+            first = _short(exc)
+            self.notes["liger_install"] = _install_liger(wheel_spec)
+            if not self.notes["liger_install"].startswith("installed"):
+                self.unavailable["liger"] = f"{first}; {self.notes['liger_install']}"
+                return
+            import importlib
+
+            importlib.invalidate_caches()
+            try:
+                fn = attempt()
+            except Exception as exc2:  # noqa: BLE001
+                self.unavailable["liger"] = _short(exc2)
+                return
+        self._liger = fn
+        try:
+            from importlib.metadata import version
+
+            self.versions["liger"] = version("liger-kernel")
+        except Exception:  # noqa: BLE001
+            self.versions["liger"] = "?"
+
+    # -- factories: return (fn, info); fn() computes y from the bound inputs -----------------
+
+    def make(self, impl: str, shape: Shape, x, w, b, eps: float):
+        if impl in self.unavailable:
+            raise Unavailable(self.unavailable[impl])
+        if impl == "eager":
+            F = self.F  # noqa: N806
+            hid = (shape.hidden,)
+            return (lambda: F.layer_norm(x, hid, w, b, eps)), {}
+        if impl == "compile":
+            cfn = self._compiled[shape.dtype]
+            return (lambda: cfn(x, w, b, eps)), {}
+        if impl == "triton":
+            tfn = self._triton_ln
+            return (lambda: tfn(x, w, b, eps)), {}
+        if impl == "liger":
+            lfn = self._liger
+            return (lambda: lfn.apply(x, w, b, eps)), {}
+        if impl == "autonorm":
+            return self._make_autonorm(x, w, b, eps)
+        raise ValueError(impl)
+
+    def _make_autonorm(self, x, w, b, eps: float):
+        """Find a way in that works, in this order, and say which one ran (``path``).
+
+        ``torch``: ``autonorm.layer_norm`` on the torch tensors; ``autonorm.torch``:
+        ``autonorm.torch.layer_norm`` on them; ``dlpack``: ``autonorm.layer_norm`` on CuPy views
+        (``cupy.from_dlpack``) run on torch's current stream, result back through DLPack.
+        """
+        torch = self.torch
+        an, an_torch = self._autonorm, self._autonorm_torch
+        # (path, builder); a builder returns the callable to time.
+        candidates = []
+        if an is not None:
+            candidates.append(("torch", lambda: lambda: _as_torch(an(x, w, b, eps))))
+        if an_torch is not None:
+            candidates.append(("autonorm.torch", lambda: lambda: _as_torch(an_torch(x, w, b, eps))))
+        if an is not None:
+            candidates.append(("dlpack", lambda: self._dlpack_fn(an, x, w, b, eps)))
+        info: dict = {}
+        failures = []
+        for path, build in candidates:
+            t0 = time.perf_counter()
+            try:
+                fn = build()
+                fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"{path} path: {_short(exc, 200)}")
+                _sync_quietly()
+                continue
+            info["path"] = path
+            info["probe_s"] = time.perf_counter() - t0
+            if failures:
+                info["failed_paths"] = "; ".join(failures)
+            return fn, info
+        raise RuntimeError("; ".join(failures) or "no autonorm entry point")
+
+    def _dlpack_fn(self, an, x, w, b, eps: float):
+        """Return a callable running ``an`` on CuPy views of the torch tensors."""
+        torch = self.torch
+        import cupy
+
+        xc, wc, bc = cupy.from_dlpack(x), cupy.from_dlpack(w), cupy.from_dlpack(b)
+
+        def dlpack_path():
+            # Run on torch's current stream so do_bench events and graph capture see the work.
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            with stream:
+                y = an(xc, wc, bc, eps)
+            return _as_torch(y)
+
+        return dlpack_path
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+def _call_bench(bench_fn, fn, **kw) -> tuple[float, float | None, float | None]:
+    """Median (and 20th/80th percentiles where the API gives them) in ms."""
+    params = inspect.signature(bench_fn).parameters
+    if "quantiles" in params:
+        r = bench_fn(fn, quantiles=QUANTILES, **kw)
+        if isinstance(r, (list, tuple)):
+            return float(r[0]), float(r[1]), float(r[2])
+        return float(r), None, None
+    if "return_mode" in params:
+        return float(bench_fn(fn, return_mode="median", **kw)), None, None
+    r = bench_fn(fn, **kw)
+    return (float(r[0]), None, None) if isinstance(r, (list, tuple)) else (float(r), None, None)
+
+
+def bench_ms(fn):
+    from triton.testing import do_bench
+
+    return _call_bench(do_bench, fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS)
+
+
+def graph_ms(fn):
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    torch.cuda.synchronize()
+    return _call_bench(do_bench_cudagraph, fn, rep=GRAPH_REP_MS)
+
+
+def host_us(fn) -> float:
+    """Host-inclusive latency: wall time of back-to-back calls over their number."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(HOST_REPEATS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / HOST_CALLS)
+    return statistics.median(samples) * 1e6
+
+
+def measure_copy() -> dict:
+    import torch
+
+    out: dict = {"bytes_buffer": COPY_BYTES, "bytes_moved": 2 * COPY_BYTES}
+    try:
+        src = torch.randn(COPY_BYTES // 2, device=DEVICE, dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        ms, p20, p80 = bench_ms(lambda: dst.copy_(src))
+        torch.cuda.synchronize()
+        if not torch.equal(dst, src):
+            raise RuntimeError("copy result differs from its source")
+        out.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(2 * COPY_BYTES, ms))
+    except Exception as exc:  # noqa: BLE001
+        out.update(gbps=None, error=_short(exc))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring one shape
+# --------------------------------------------------------------------------------------------
+
+
+def rel_error(y, ref, ref_norm) -> float:
+    import torch
+
+    if y.numel() != ref.numel():
+        raise ValueError(f"output has {y.numel()} elements, expected {ref.numel()}")
+    d = y.reshape(ref.shape).to(torch.float64) - ref
+    return float(d.norm() / ref_norm)
+
+
+def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> list[dict]:
+    import torch
+
+    recs = []
+    dtype = _torch_dtype(shape.dtype)
+    torch.manual_seed(seed)
+    x = torch.randn(shape.rows, shape.hidden, device=DEVICE, dtype=dtype)
+    w = (1.0 + 0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype)
+    b = (0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype)
+    ref = impls.F.layer_norm(
+        x.to(torch.float64), (shape.hidden,), w.to(torch.float64), b.to(torch.float64), EPS
+    )
+    ref_norm = ref.norm()
+    for impl in names:
+        rec = new_record(shape, impl)
+        try:
+            fn, info = impls.make(impl, shape, x, w, b, EPS)
+            rec.update(info)
+            t0 = time.perf_counter()
+            y = _as_torch(fn())
+            torch.cuda.synchronize()
+            rec["first_call_s"] = time.perf_counter() - t0
+            rec["out_dtype"] = str(y.dtype).replace("torch.", "")
+            err = rel_error(y, ref, ref_norm)
+            del y
+            rec["rel_err"] = err
+            ok = math.isfinite(err) and err <= rec["tol"]
+            rec["status"] = "ok" if ok else "WRONG"
+            ms, p20, p80 = bench_ms(fn)
+            rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
+            if shape.suite == "latency":
+                try:
+                    g, _, _ = graph_ms(fn)
+                    rec["graph_us"] = g * 1e3
+                except Exception as exc:  # noqa: BLE001
+                    rec["graph_error"] = _short(exc)
+                    _sync_quietly()
+                try:
+                    rec["host_us"] = host_us(fn)
+                except Exception as exc:  # noqa: BLE001
+                    rec["host_error"] = _short(exc)
+                    _sync_quietly()
+        except Unavailable as exc:
+            rec["status"] = "unavailable"
+            rec["error"] = str(exc)
+        except Exception as exc:  # noqa: BLE001
+            if rec["status"] != "WRONG":
+                rec["status"] = "error"
+            rec["error"] = _short(exc)
+            rec["traceback"] = traceback.format_exc()[-3000:]
+            _sync_quietly()
+        recs.append(rec)
+        log(progress_line(rec))
+    del x, w, b, ref
+    torch.cuda.empty_cache()
+    return recs
+
+
+def _sync_quietly() -> None:
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001, S110
+        pass
+
+
+def progress_line(r: dict) -> str:
+    head = f"{r['suite']:7s} {r['dtype']} h={r['hidden']:<6d} rows={r['rows']:<6d} {r['impl']:8s}"
+    if r["status"] in ("error", "unavailable", "skipped"):
+        return f"{head} {r['status'].upper()}: {r.get('error')}"
+    parts = [f"{r['status']:5s}", f"err={_fmt(r['rel_err'], '.1e')}"]
+    if r["ms"] is not None:
+        parts.append(f"{r['ms'] * 1e3:9.1f} us")
+    if r["gbps"] is not None:
+        parts.append(f"{r['gbps']:6.0f} GB/s")
+    if r.get("graph_us") is not None:
+        parts.append(f"graph {r['graph_us']:.1f} us")
+    if r.get("host_us") is not None:
+        parts.append(f"host {r['host_us']:.1f} us")
+    if r.get("path"):
+        parts.append(f"path={r['path']}")
+    if r.get("first_call_s") is not None and r["first_call_s"] > 1.0:
+        parts.append(f"first call {r['first_call_s']:.1f} s")
+    return f"{head} " + "  ".join(parts)
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+# --------------------------------------------------------------------------------------------
+# Summaries: shares, best peer, tables
+# --------------------------------------------------------------------------------------------
+
+
+def finalize(records: list[dict], copy_gbps: float | None) -> None:
+    for r in records:
+        r["share"] = (r["gbps"] / copy_gbps) if (r["gbps"] and copy_gbps) else None
+
+
+def group_by_shape(records: list[dict]) -> list[tuple[tuple, dict[str, dict]]]:
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        key = (r["suite"], r["dtype"], r["hidden"], r["rows"])
+        groups.setdefault(key, {})[r["impl"]] = r
+
+    def order(key: tuple) -> tuple:
+        suite, dtype, hidden, rows = key
+        return (ALL_SUITES.index(suite), DTYPES.index(dtype), hidden, rows)
+
+    return sorted(groups.items(), key=lambda kv: order(kv[0]))
+
+
+def best_peer(by_impl: dict[str, dict], metric: str, higher_is_better: bool):
+    """Return (impl, value) of the best correct peer for ``metric``, or (None, None)."""
+    best = (None, None)
+    for name in PEERS:
+        r = by_impl.get(name)
+        if r is None or r["status"] != "ok" or r.get(metric) is None:
+            continue
+        v = r[metric]
+        if best[1] is None or (v > best[1] if higher_is_better else v < best[1]):
+            best = (name, v)
+    return best
+
+
+def _bw_cell(r: dict | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] in ("error", "unavailable", "skipped"):
+        return {"error": "error", "unavailable": "n/a", "skipped": "skipped"}[r["status"]]
+    if r["gbps"] is None:
+        return r["status"]
+    share = f" {r['share'] * 100:3.0f}%" if r["share"] is not None else ""
+    flag = " WRONG" if r["status"] == "WRONG" else ""
+    return f"{r['gbps']:5.0f}{share}{flag}"
+
+
+def _lat_cell(r: dict | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] in ("error", "unavailable", "skipped"):
+        return {"error": "error", "unavailable": "n/a", "skipped": "skipped"}[r["status"]]
+    ms = r.get("ms")
+    vals = [
+        _fmt(None if ms is None else ms * 1e3, ".1f"),
+        _fmt(r.get("graph_us"), ".1f"),
+        _fmt(r.get("host_us"), ".1f"),
+    ]
+    flag = " WRONG" if r["status"] == "WRONG" else ""
+    return "/".join(vals) + flag
+
+
+def bandwidth_table(records: list[dict], names: list[str]):
+    headers = ["suite", "dtype", "hidden", "rows"] + [f"{n} GB/s %copy" for n in names]
+    headers += ["best peer", "autonorm/best"]
+    rows = []
+    for (suite, dtype, hidden, nrows), by in group_by_shape(records):
+        if suite == "latency":
+            continue
+        peer, peer_v = best_peer(by, "gbps", higher_is_better=True)
+        an = by.get("autonorm")
+        ratio = "-"
+        if an is not None and an.get("gbps") and peer_v:
+            ratio = f"{an['gbps'] / peer_v:.2f}x" + (" WRONG" if an["status"] == "WRONG" else "")
+        best = f"{peer} {peer_v:.0f}" if peer else "-"
+        rows.append([suite, dtype, str(hidden), str(nrows)] + [_bw_cell(by.get(n)) for n in names]
+                    + [best, ratio])
+    return headers, rows
+
+
+def latency_table(records: list[dict], names: list[str]):
+    headers = ["dtype", "hidden", "rows"] + [f"{n} us" for n in names]
+    headers += ["best peer", "autonorm/best"]
+    rows = []
+    for (suite, dtype, hidden, nrows), by in group_by_shape(records):
+        if suite != "latency":
+            continue
+        an = by.get("autonorm")
+        bests, ratios = [], []
+        for metric in ("ms", "graph_us", "host_us"):
+            peer, v = best_peer(by, metric, higher_is_better=False)
+            bests.append(f"{peer}" if peer else "-")
+            mine = an.get(metric) if an is not None and an["status"] in ("ok", "WRONG") else None
+            ratios.append(f"{mine / v:.2f}" if (mine and v) else "-")
+        rows.append([dtype, str(hidden), str(nrows)] + [_lat_cell(by.get(n)) for n in names]
+                    + ["/".join(bests), "/".join(ratios)])
+    return headers, rows
+
+
+def render_table(title: str, headers: list[str], rows: list[list[str]], plain: bool) -> None:
+    if not rows:
+        return
+    if not plain:
+        try:
+            from rich import box
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            plain = True
+    if not plain:
+        print(title)
+        table = Table(box=box.SIMPLE_HEAD)
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i < 2 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        console = Console(width=300, soft_wrap=False, no_color=True, highlight=False)
+        with console.capture() as cap:
+            console.print(table)
+        print("\n".join(line.rstrip() for line in cap.get().splitlines()))
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print(title)
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print()
+
+
+def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool) -> None:
+    bad = [r for r in records if r["status"] in ("error", "WRONG")]
+    if bad:
+        print("\nProblems (full text and tracebacks in peers.json):")
+        for r in bad[:MAX_PROBLEM_LINES]:
+            extra = f"rel_err={_fmt(r['rel_err'], '.2e')} tol={r['tol']:.0e}"
+            msg = r["error"] if r["status"] == "error" else extra
+            print(f"  {r['impl']:8s} {r['suite']} {r['dtype']} h={r['hidden']} rows={r['rows']}: "
+                  f"{r['status']}: {msg}")
+        if len(bad) > MAX_PROBLEM_LINES:
+            print(f"  ... and {len(bad) - MAX_PROBLEM_LINES} more")
+    unavailable = {r["impl"]: r["error"] for r in records if r["status"] == "unavailable"}
+    for impl, why in unavailable.items():
+        print(f"  {impl} unavailable: {why}")
+    paths = sorted({r["path"] for r in records if r["impl"] == "autonorm" and r.get("path")})
+    copy = meta.get("copy", {})
+    print()
+    print(f"device: {meta.get('device')}  torch {meta.get('torch')}  triton {meta.get('triton')}"
+          f"  liger {meta.get('liger')}")
+    print(f"copy bandwidth (read+write, do_bench median): start "
+          f"{_fmt(copy.get('start_gbps'), '.0f')} GB/s, end "
+          f"{_fmt(copy.get('end_gbps'), '.0f')} GB/s; shares use "
+          f"{_fmt(copy.get('used_gbps'), '.0f')} GB/s")
+    if paths:
+        print(f"autonorm called through: {', '.join(paths)}")
+    print(f"wrote {meta.get('json_path')} and {meta.get('png_path') or '(no plot)'}")
+    print()
+    h, rows = latency_table(records, names)
+    render_table(f"Latency, hidden {LATENCY_HIDDEN}: do_bench (L2 flushed) / CUDA graph / "
+                 "host-inclusive, us; best peer and autonorm/best per metric (<1 = autonorm "
+                 "faster)", h, rows, plain)
+    h, rows = bandwidth_table(records, names)
+    render_table("LayerNorm forward: GB/s and % of copy bandwidth (do_bench median, L2 flushed); "
+                 "autonorm/best > 1 = autonorm faster", h, rows, plain)
+
+
+# --------------------------------------------------------------------------------------------
+# Output files
+# --------------------------------------------------------------------------------------------
+
+
+def _clean(obj):
+    """Replace non-finite floats with None so the JSON is standard."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, meta: dict, records: list[dict], complete: bool) -> None:
+    data = {"meta": dict(meta, complete=complete), "measurements": records}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) -> str | None:
+    """One panel per dtype: share of copy bandwidth vs hidden size. Returns an error or None."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        return f"matplotlib unavailable: {_short(exc)}"
+    sweep = [r for r in records if r["suite"] == "sweep" and r.get("share") is not None]
+    dtypes = [d for d in DTYPES if any(r["dtype"] == d for r in sweep)]
+    if not dtypes:
+        return "no sweep measurement with a share to plot"
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 5.0), squeeze=False,
+                             sharey=True)
+    colors = {name: f"C{i}" for i, name in enumerate(ALL_IMPLS)}
+    handles: dict[str, object] = {}
+    top = 100.0
+    for ax, dt in zip(axes[0], dtypes, strict=True):
+        hiddens = sorted({r["hidden"] for r in sweep if r["dtype"] == dt})
+        for name in names:
+            pts = sorted((r["hidden"], r["share"] * 100, r["status"]) for r in sweep
+                         if r["dtype"] == dt and r["impl"] == name)
+            if not pts:
+                continue
+            top = max(top, *(p[1] for p in pts))
+            lw = 2.6 if name == "autonorm" else 1.4
+            (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, lw=lw,
+                              color=colors.get(name), label=name)
+            handles.setdefault(name, line)
+            wrong = [p for p in pts if p[2] == "WRONG"]
+            if wrong:
+                mark = ax.scatter([p[0] for p in wrong], [p[1] for p in wrong], marker="x", s=90,
+                                  color="black", zorder=5, label="WRONG (error over tolerance)")
+                handles.setdefault("WRONG", mark)
+        ref = ax.axhline(TARGET_SHARE * 100, color="gray", ls="--", lw=1, label="95% of copy")
+        handles.setdefault("95%", ref)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(hiddens)
+        ax.set_xticklabels([str(h) for h in hiddens], rotation=45, fontsize=8)
+        ax.minorticks_off()
+        ax.set_title(f"{dt}, rows = 2^26 / hidden")
+        ax.set_xlabel("hidden size")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("% of copy bandwidth (L2 flushed, median)")
+    axes[0][0].set_ylim(0, top * 1.05)
+    order = [k for k in handles if k not in ("WRONG", "95%")] + [
+        k for k in ("WRONG", "95%") if k in handles
+    ]
+    fig.legend([handles[k] for k in order], [handles[k].get_label() for k in order],
+               loc="lower center", ncol=len(order), fontsize=9, frameon=False)
+    copy = meta.get("copy", {}).get("used_gbps")
+    fig.suptitle(f"LayerNorm forward on {meta.get('device')} (copy {_fmt(copy, '.0f')} GB/s)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def collect_meta(args: argparse.Namespace) -> dict:
+    import torch
+
+    meta: dict = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+        "args": {k: v for k, v in vars(args).items()},
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "eps": EPS,
+        "tolerances": TOL,
+        "method": {
+            "bench": f"triton.testing.do_bench warmup={BENCH_WARMUP_MS} rep={BENCH_REP_MS} "
+                     f"quantiles={QUANTILES} (median first; L2 flushed before each call)",
+            "graph": f"triton.testing.do_bench_cudagraph rep={GRAPH_REP_MS} (L2 not flushed)",
+            "host": f"wall time of {HOST_CALLS} back-to-back calls after a sync, median of "
+                    f"{HOST_REPEATS}",
+            "bytes": "rows*hidden*itemsize*2 + 2*hidden*itemsize",
+            "share": "GB/s over copy GB/s (bytes read + written)",
+        },
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except Exception as exc:  # noqa: BLE001
+        meta["triton"] = f"unavailable: {_short(exc)}"
+    try:
+        import cupy
+
+        meta["cupy"] = cupy.__version__
+    except Exception:  # noqa: BLE001
+        meta["cupy"] = None
+    try:
+        props = torch.cuda.get_device_properties(0)
+        meta["device"] = props.name
+        meta["capability"] = f"{props.major}.{props.minor}"
+        meta["sm_count"] = props.multi_processor_count
+        meta["memory_gib"] = round(props.total_memory / 2**30, 1)
+        meta["l2_bytes"] = getattr(props, "L2_cache_size", None)
+    except Exception as exc:  # noqa: BLE001
+        meta["device"] = f"? ({_short(exc)})"
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.selftest:
+        return selftest(args)
+    start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out / "peers.json", out / "peers.png"
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f}s] {msg}", flush=True)
+
+    faulthandler.enable()  # a hard crash still prints where it happened
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("peers.py needs a CUDA GPU (try --selftest)", file=sys.stderr)
+        return 2
+    torch.set_grad_enabled(False)
+    meta = collect_meta(args)
+    impls = Impls(args.impls, args.liger_wheel)
+    meta["liger"] = impls.versions.get("liger")
+    meta["autonorm"] = impls.versions.get("autonorm")
+    meta["unavailable"] = impls.unavailable
+    meta["notes"] = impls.notes
+    meta["json_path"], meta["png_path"] = str(json_path), str(png_path)
+    for name, why in impls.unavailable.items():
+        log(f"{name} unavailable: {why}")
+
+    shapes = build_shapes(args)
+    log(f"{len(shapes)} shapes x {len(args.impls)} implementations on {meta.get('device')}")
+    copy_start = measure_copy()
+    log(f"copy: {_fmt(copy_start.get('gbps'), '.0f')} GB/s {copy_start.get('error') or ''}")
+    meta["copy"] = {"start": copy_start, "start_gbps": copy_start.get("gbps")}
+
+    records: list[dict] = []
+    for i, shape in enumerate(shapes):
+        if time.perf_counter() - start > args.budget_s:
+            for impl in args.impls:
+                rec = new_record(shape, impl)
+                rec["status"] = "skipped"
+                rec["error"] = f"time budget of {args.budget_s:.0f} s spent"
+                records.append(rec)
+            continue
+        try:
+            records.extend(run_shape(shape, impls, args.impls, seed=1000 + i, log=log))
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory making the inputs
+            log(f"{shape.label()}: shape failed: {_short(exc)}")
+            for impl in args.impls:
+                rec = new_record(shape, impl)
+                rec["error"] = f"shape setup failed: {_short(exc)}"
+                records.append(rec)
+            _sync_quietly()
+        finalize(records, copy_start.get("gbps"))
+        try:
+            write_json(json_path, meta, records, complete=False)
+        except Exception as exc:  # noqa: BLE001
+            log(f"could not write {json_path}: {_short(exc)}")
+
+    copy_end = measure_copy()
+    meta["copy"].update(end=copy_end, end_gbps=copy_end.get("gbps"))
+    cands = [g for g in (copy_start.get("gbps"), copy_end.get("gbps")) if g]
+    meta["copy"]["used_gbps"] = max(cands) if cands else None
+    meta["copy"]["note"] = "shares use the larger of the two copy measurements"
+    finalize(records, meta["copy"]["used_gbps"])
+    meta["wall_s"] = time.perf_counter() - start
+    try:
+        err = write_plot(png_path, meta, records, args.impls)
+    except Exception as exc:  # noqa: BLE001
+        err = f"plot failed: {_short(exc)}"
+    if err:
+        meta["png_path"] = None
+        meta["plot_error"] = err
+        log(f"no plot: {err}")
+    write_json(json_path, meta, records, complete=True)
+    print_summary(meta, records, args.impls, args.plain)
+    print(f"total {meta['wall_s']:.0f} s")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Self-test without a GPU
+# --------------------------------------------------------------------------------------------
+
+
+def synthetic_records(shapes: list[Shape], names: list[str], copy_gbps: float) -> list[dict]:
+    rng = random.Random(0)
+    records = []
+    for si, shape in enumerate(shapes):
+        for impl in names:
+            rec = new_record(shape, impl)
+            if impl == "liger" and si % 7 == 3:
+                rec["status"], rec["error"] = "unavailable", "ModuleNotFoundError: liger_kernel"
+                records.append(rec)
+                continue
+            if impl == "compile" and si % 9 == 4:
+                rec["error"] = "BackendCompilerFailed: synthetic failure"
+                records.append(rec)
+                continue
+            share = rng.uniform(0.3, 0.97)
+            ms = shape.bytes / (share * copy_gbps * 1e9) * 1e3
+            if shape.suite == "latency":
+                ms += 0.004
+                rec["graph_us"] = ms * 1e3 * 0.8
+                rec["host_us"] = ms * 1e3 + rng.uniform(2, 20)
+            err = rng.uniform(1e-4, 4e-3) if shape.dtype != "fp32" else rng.uniform(1e-8, 1e-7)
+            if impl == "triton" and si % 5 == 2:
+                err = float("nan")
+            rec.update(rel_err=err, ms=ms, ms_p20=ms * 0.98, ms_p80=ms * 1.03,
+                       gbps=gbps_of(shape.bytes, ms), first_call_s=rng.uniform(0.01, 3.0),
+                       out_dtype=shape.dtype)
+            rec["status"] = "ok" if (math.isfinite(err) and err <= rec["tol"]) else "WRONG"
+            if impl == "autonorm":
+                rec["path"] = "torch" if si % 2 else "dlpack"
+            records.append(rec)
+    return records
+
+
+def selftest(args: argparse.Namespace) -> int:
+    # Parsing checks.
+    q = parse_args(["--quick", "--selftest"])
+    assert q.hidden == list(QUICK_HIDDEN) and q.dtypes == list(QUICK_DTYPES), q
+    a = parse_args(["--dtypes", "fp16", "--hidden", "512,768", "--suites", "sweep,llm",
+                    "--impls", "eager,autonorm", "--selftest"])
+    assert a.dtypes == ["fp16"] and a.hidden == [512, 768] and a.impls == ["eager", "autonorm"]
+    assert [s.suite for s in build_shapes(a)] == ["llm", "llm", "sweep", "sweep"]
+    for bad in (["--dtypes", "fp8"], ["--hidden", "x"], ["--impls", "cudnn"], ["--suites", ""]):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                parse_args(bad)
+        except SystemExit:
+            pass
+        else:
+            raise AssertionError(f"accepted {bad}")
+    full = build_shapes(parse_args(["--selftest"]))
+    assert len(full) == 9 * 3 + 4 + 2, len(full)
+    s = Shape("sweep", "bf16", 4096, 2**26 // 4096)
+    assert s.bytes == 2**26 * 2 * 2 + 2 * 4096 * 2
+    assert abs(gbps_of(10**9, 1.0) - 1000.0) < 1e-9
+
+    # Timing-helper plumbing with fake benchmark functions of each signature.
+    def new_api(fn, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_mode="mean"):
+        return [1.0, 0.9, 1.2] if quantiles else 1.1
+
+    def mode_api(fn, warmup=25, rep=100, return_mode="mean"):
+        return 2.0 if return_mode == "median" else 9.9
+
+    def old_api(fn, warmup=25, rep=100, percentiles=(0.2, 0.8)):
+        return (3.0, 2.9, 3.1)
+
+    assert _call_bench(new_api, None, warmup=1, rep=1) == (1.0, 0.9, 1.2)
+    assert _call_bench(mode_api, None, warmup=1, rep=1) == (2.0, None, None)
+    assert _call_bench(old_api, None, warmup=1, rep=1) == (3.0, None, None)
+
+    # Tables, JSON, plot on synthetic numbers.
+    shapes = build_shapes(args)
+    names = list(args.impls)
+    copy_gbps = 4250.0
+    records = synthetic_records(shapes, names, copy_gbps)
+    records.append(dict(new_record(Shape("llm", "bf16", 8192, 4096), "autonorm"),
+                        status="skipped", error="time budget of 520 s spent"))
+    finalize(records, copy_gbps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": "SYNTHETIC (selftest)", "torch": "-", "triton": "-", "liger": "-",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "copy": {"start_gbps": copy_gbps, "end_gbps": copy_gbps * 0.99, "used_gbps": copy_gbps},
+        "json_path": str(out / "peers.json"), "png_path": str(out / "peers.png"),
+    }
+    for r in records[:12]:
+        print(progress_line(r))
+    err = write_plot(out / "peers.png", meta, records, names)
+    if err:
+        print(f"plot: {err}")
+        meta["png_path"] = None
+    write_json(out / "peers.json", meta, records, complete=True)
+    loaded = json.loads((out / "peers.json").read_text())
+    assert len(loaded["measurements"]) == len(records)
+    assert any(m["rel_err"] is None and m["status"] == "WRONG" for m in loaded["measurements"]) \
+        or "triton" not in names
+    print_summary(meta, records, names, plain=True)
+    print_summary(meta, records, names, plain=args.plain)
+    print(f"selftest ok: {len(records)} synthetic rows; files in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""Tests of the Optuna search loop (autonorm.tuner) with a fake evaluator: CPU only."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.trial import TrialState
+
+from autonorm import space
+from autonorm.results import Outcome
+from autonorm.space import H200, KernelConfig, Problem
+from autonorm.tuner import (
+    TuneSettings,
+    open_storage,
+    run_workers,
+    study_name_for,
+    suggest_config,
+    tune,
+)
+from fake_evaluator import (
+    WORKER_PROBLEM,
+    WORKER_STUDY,
+    FakeEvaluator,
+    fake_median_us,
+    read_log,
+    tune_worker,
+)
+
+BF16 = Problem(hidden=4096, dtype="bfloat16")
+QUIET = {"progress": False, "limits": H200}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_optuna():
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    yield
+    optuna.logging.set_verbosity(level)
+
+
+def load(path: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(str(path), name))
+
+
+def configs_of(trials) -> list[KernelConfig]:
+    return [KernelConfig.from_dict(t.params) for t in trials]
+
+
+def dead_pid() -> int:
+    """Return the pid of a process that has exited and been reaped."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def leave_running_trial(path: Path, name: str, config: KernelConfig, pid: int) -> int:
+    """Leave a RUNNING trial owned by ``pid`` on this host, as a killed worker would."""
+    study = optuna.create_study(
+        storage=open_storage(str(path), name), study_name=name, direction="minimize"
+    )
+    study.enqueue_trial(config.to_dict())
+    trial = study.ask()
+    trial.set_user_attr("owner", {"host": socket.gethostname(), "pid": pid, "start": None})
+    assert suggest_config(trial) == config  # the enqueued parameters
+    return trial.number
+
+
+# --------------------------------------------------------------------------- names and storage
+
+
+def test_study_name_is_readable_safe_and_distinct():
+    fp = "NVIDIA H200|sm90|132sm|l2=62914560|bus=6144|memclk=3201000"
+    name = study_name_for(fp, "0.1.0", BF16, 1024)
+    assert name.startswith("nvidia-h200-")
+    assert "bfloat16" in name and "h4096" in name and "r1024" in name and "w1b1" in name
+    assert all(c.isalnum() or c in "._-" for c in name)
+    others = {
+        study_name_for(fp, "0.1.1", BF16, 1024),
+        study_name_for(fp.replace("memclk=3201000", "memclk=2619000"), "0.1.0", BF16, 1024),
+        study_name_for(fp, "0.1.0", Problem(4096, "float16"), 1024),
+        study_name_for(fp, "0.1.0", Problem(4096, "bfloat16", has_bias=False), 1024),
+        study_name_for(fp, "0.1.0", BF16, 2048),
+    }
+    assert name not in others and len(others) == 5
+    with pytest.raises(ValueError):
+        study_name_for(fp, "0.1.0", BF16, 0)
+
+
+def test_open_storage_default_is_a_journal_file_under_the_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTONORM_CACHE_DIR", str(tmp_path / "cache"))
+    storage = open_storage(None, "my-study")
+    assert isinstance(storage, JournalStorage)
+    optuna.create_study(storage=storage, study_name="my-study")
+    journal = tmp_path / "cache" / "studies" / "my-study.journal"
+    assert journal.stat().st_size > 0
+    # tune() without a storage uses the same file.
+    tune(BF16, FakeEvaluator(), study_name="my-study", settings=TuneSettings(n_trials=2), **QUIET)
+    assert len(load(journal, "my-study").get_trials(states=[TrialState.COMPLETE])) >= 2
+
+
+def test_open_storage_explicit_paths(tmp_path):
+    plain = tmp_path / "a" / "b" / "s.journal"
+    optuna.create_study(storage=open_storage(str(plain), "s"), study_name="s")
+    assert plain.stat().st_size > 0
+    url_file = tmp_path / "u.journal"
+    optuna.create_study(storage=open_storage(f"journal://{url_file}", "s"), study_name="s")
+    assert url_file.stat().st_size > 0
+    folder = tmp_path / "studies"
+    folder.mkdir()
+    optuna.create_study(storage=open_storage(str(folder), "s2"), study_name="s2")
+    assert (folder / "s2.journal").stat().st_size > 0
+
+
+def test_sqlite_is_for_one_worker_only(tmp_path):
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    assert isinstance(open_storage(url, "s"), RDBStorage)
+    with pytest.raises(ValueError, match="journal"):
+        run_workers(2, tune_worker, (), storage_url=url, gpus=[0, 1])
+
+
+def test_unsupported_and_missing_backends_are_explained():
+    with pytest.raises(ValueError, match="unsupported storage URL"):
+        open_storage("ftp://example/x", "s")
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install redis"):
+            open_storage("redis://localhost:6379/0", "s")
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def test_n_trials_is_honoured_and_finals_pick_the_fastest(tmp_path):
+    evaluator = FakeEvaluator()
+    settings = TuneSettings(n_trials=12, batch=4, finals_top=3, finals_rounds=7)
+    result = tune(
+        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s", settings=settings,
+        **QUIET,
+    )
+    assert len(evaluator.calls) == 12 == len(set(evaluator.calls)) == result.evaluated
+    assert all(len(batch) <= 4 for batch in evaluator.prepared)
+    assert [c for batch in evaluator.prepared for c in batch] == evaluator.calls
+    (contenders, rounds), = evaluator.retimed
+    assert rounds == 7 and len(contenders) == 3 == len(set(contenders))
+    assert result.best == min(evaluator.calls, key=fake_median_us)
+    assert result.timing.median_us == fake_median_us(result.best)
+    assert result.incumbent_kept is False and result.study_name == "s"
+
+
+def test_invalid_configs_are_pruned_and_never_evaluated(tmp_path):
+    problem = Problem(hidden=1000, dtype="float16")  # vec 8 and most wide shapes are invalid
+    seen: list[tuple[KernelConfig, Outcome, int]] = []
+    evaluator = FakeEvaluator()
+    result = tune(
+        problem, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        settings=TuneSettings(n_trials=10, finals_top=0),
+        on_trial=lambda c, o, n: seen.append((c, o, n)), **QUIET,
+    )
+    assert len(evaluator.calls) == 10
+    for batch in evaluator.prepared:
+        assert all(not space.check(c, problem, H200) for c in batch)
+    study = load(tmp_path / "s.journal", "s")
+    invalid = [t for t in study.trials if t.user_attrs.get("failure") == "invalid"]
+    assert invalid and all(t.state == TrialState.PRUNED for t in invalid)
+    assert not set(configs_of(invalid)) & set(evaluator.calls)
+    reported = {n: (c, o) for c, o, n in seen if o.status == "invalid"}
+    assert set(reported) == {t.number for t in invalid}
+    for config, outcome in reported.values():
+        assert outcome.error == "; ".join(space.check(config, problem, H200))
+    assert result.failures["invalid"] == len(set(configs_of(invalid)))
+    assert sum(o.ok for _, o, _ in seen) == 10
+
+
+def classify(config: KernelConfig) -> str | None:
+    if config.blocks_per_sm == 8:
+        return "compile"
+    if config.rows_per_block == 2:
+        return "launch"
+    if config.stats == "two_pass" and config.cache == "smem":
+        return "verification"
+    return None
+
+
+def test_failures_are_recorded_and_never_retried(tmp_path):
+    path = tmp_path / "s.journal"
+    outcomes: dict[int, Outcome] = {}
+    first = FakeEvaluator(fail=classify)
+    result = tune(
+        BF16, first, storage=str(path), study_name="s",
+        settings=TuneSettings(n_trials=24, finals_top=0),
+        on_trial=lambda c, o, n: outcomes.__setitem__(n, o), **QUIET,
+    )
+    study = load(path, "s")
+    failed = study.get_trials(states=[TrialState.FAIL])
+    by_class = Counter(t.user_attrs["failure"] for t in failed)
+    assert set(by_class) == {"compile", "launch", "verification"}
+    for trial in failed:
+        config = KernelConfig.from_dict(trial.params)
+        assert trial.user_attrs["failure"] == classify(config)
+        assert trial.user_attrs["error"] == f"fake {classify(config)} failure of {config.label()}"
+        assert outcomes[trial.number].status == classify(config)
+    assert {k: result.failures[k] for k in by_class} == dict(by_class)
+    assert result.evaluated == 24  # failed candidates were measured too: they count
+
+    # A second run on the same study, with every failed config proposed again first.
+    failed_configs = set(configs_of(failed))
+    for config in failed_configs:
+        study.enqueue_trial(config.to_dict())
+    second = FakeEvaluator(fail=classify)
+    tune(
+        BF16, second, storage=str(path), study_name="s",
+        settings=TuneSettings(n_trials=36, finals_top=0), **QUIET,
+    )
+    assert len(second.calls) == 12
+    assert not failed_configs & set(second.calls)
+    assert len(set(first.calls + second.calls)) == 36
+    study = load(path, "s")
+    duplicates = [t for t in study.trials if t.user_attrs.get("role") == "duplicate"]
+    assert set(configs_of(duplicates)) >= failed_configs
+    for trial in duplicates:
+        original = study.trials[trial.user_attrs["duplicate_of"]]
+        assert original.params == trial.params
+        if original.state == TrialState.FAIL:
+            assert trial.state == TrialState.PRUNED
+
+
+def test_same_config_twice_in_one_batch_is_measured_once(tmp_path):
+    path = tmp_path / "s.journal"
+    study = optuna.create_study(
+        storage=open_storage(str(path), "s"), study_name="s", direction="minimize"
+    )
+    good = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
+    bad = KernelConfig(256, 8, 1, "none", "two_pass", 1, 0)  # two_pass needs a cache
+    for config in (good, good, bad):
+        study.enqueue_trial(config.to_dict())
+    evaluator = FakeEvaluator()
+    tune(
+        BF16, evaluator, storage=str(path), study_name="s",
+        settings=TuneSettings(n_trials=3, batch=4, finals_top=0), **QUIET,
+    )
+    assert evaluator.calls.count(good) == 1 and bad not in evaluator.calls
+    first, copy, invalid = load(path, "s").trials[:3]
+    assert first.user_attrs["role"] == "evaluate" and first.value == fake_median_us(good)
+    assert copy.user_attrs == {**copy.user_attrs, "role": "duplicate", "duplicate_of": 0}
+    assert copy.state == TrialState.COMPLETE and copy.value == first.value
+    assert invalid.state == TrialState.PRUNED and "cache" in invalid.user_attrs["error"]
+
+
+def test_timeout_is_honoured(tmp_path):
+    evaluator = FakeEvaluator(sleep_s=0.1)
+    result = tune(
+        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        settings=TuneSettings(n_trials=200, timeout_s=0.5, batch=4, finals_top=0), **QUIET,
+    )
+    assert 2 <= len(evaluator.calls) <= 7
+    assert result.evaluated == len(evaluator.calls)
+    assert result.elapsed_s < 1.5
+    study = load(tmp_path / "s.journal", "s")
+    assert not study.get_trials(states=[TrialState.RUNNING])
+
+
+def test_exhausted_space_stops(tmp_path):
+    problem = Problem(hidden=1, dtype="float32")  # 25 valid configurations of 17280
+    valid = set(space.enumerate_space(problem, H200))
+    evaluator = FakeEvaluator()
+    result = tune(
+        problem, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        settings=TuneSettings(n_trials=40, finals_top=0, max_idle_asks=40, timeout_s=30),
+        **QUIET,
+    )
+    assert len(evaluator.calls) == len(set(evaluator.calls)) == result.evaluated
+    assert set(evaluator.calls) <= valid
+    assert result.elapsed_s < 20
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_after_keyboard_interrupt(tmp_path):
+    path = tmp_path / "s.journal"
+    settings = TuneSettings(n_trials=12, batch=4, finals_top=0)
+    first = FakeEvaluator(interrupt_at=6)
+    with pytest.raises(KeyboardInterrupt):
+        tune(BF16, first, storage=str(path), study_name="s", settings=settings, **QUIET)
+    study = load(path, "s")
+    assert not study.get_trials(states=[TrialState.RUNNING])
+    done_before = {t.number: t.value for t in study.get_trials(states=[TrialState.COMPLETE])
+                   if t.user_attrs["role"] == "evaluate"}
+    assert len(done_before) == 5
+    interrupted = [t for t in study.trials if t.user_attrs.get("failure") == "interrupted"]
+    assert configs_of(interrupted) == [first.calls[5]]
+    assert interrupted[0].state == TrialState.FAIL
+
+    second = FakeEvaluator()
+    result = tune(BF16, second, storage=str(path), study_name="s", settings=settings, **QUIET)
+    assert result.evaluated == 12
+    study = load(path, "s")
+    for number, value in done_before.items():
+        assert study.trials[number].state == TrialState.COMPLETE
+        assert study.trials[number].value == value
+    # Nothing completed was measured twice; only the interrupted one may be measured again.
+    calls = Counter(first.calls[:5] + second.calls)
+    assert max(calls.values()) == 1
+    assert len(second.calls) == 12 - 5
+
+
+def test_stale_running_trial_blocks_only_while_its_process_lives(tmp_path):
+    path = tmp_path / "s.journal"
+    config = KernelConfig(256, 8, 1, "registers", "welford", 1, 0)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        number = leave_running_trial(path, "s", config, sleeper.pid)
+        load(path, "s").enqueue_trial(config.to_dict())
+        evaluator = FakeEvaluator()
+        settings = TuneSettings(n_trials=4, batch=2, finals_top=0)
+        tune(BF16, evaluator, storage=str(path), study_name="s", settings=settings, **QUIET)
+        assert config not in evaluator.calls  # a live process is measuring it
+        assert load(path, "s").trials[number].state == TrialState.RUNNING
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+    # The owner is dead now (as after kill -9): the next run marks the trial FAIL and retries.
+    load(path, "s").enqueue_trial(config.to_dict())
+    evaluator = FakeEvaluator()
+    settings = TuneSettings(n_trials=6, batch=2, finals_top=0)
+    tune(BF16, evaluator, storage=str(path), study_name="s", settings=settings, **QUIET)
+    stale = load(path, "s").trials[number]
+    assert stale.state == TrialState.FAIL
+    assert stale.user_attrs["failure"] == "interrupted"
+    assert stale.user_attrs["error"].startswith("stale:")
+    assert evaluator.calls.count(config) == 1
+
+
+def test_trial_of_a_dead_pid_is_stale(tmp_path):
+    path = tmp_path / "s.journal"
+    config = KernelConfig(128, 8, 1, "registers", "welford", 1, 0)
+    number = leave_running_trial(path, "s", config, dead_pid())
+    load(path, "s").enqueue_trial(config.to_dict())
+    evaluator = FakeEvaluator()
+    tune(
+        BF16, evaluator, storage=str(path), study_name="s",
+        settings=TuneSettings(n_trials=2, batch=2, finals_top=0), **QUIET,
+    )
+    assert load(path, "s").trials[number].state == TrialState.FAIL
+    assert config in evaluator.calls
+
+
+# --------------------------------------------------------------------------- finals
+
+INCUMBENT = KernelConfig(128, 4, 1, "smem", "welford", 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("factor", "cv", "kept"),
+    [
+        (0.985, 0.005, True),  # 1.5 % faster: inside the 2 % noise
+        (0.95, 0.03, True),  # 5 % faster, but the timings scatter by 3 %
+        (0.95, 0.005, False),  # 5 % faster and steady
+        (0.80, 0.005, False),
+    ],
+)
+def test_finals_keep_the_incumbent_unless_clearly_beaten(tmp_path, factor, cv, kept):
+    def retime(config: KernelConfig) -> tuple[float, float]:
+        if config == INCUMBENT:
+            return 10.0, cv
+        return 10.0 * factor + 0.001 * fake_median_us(config), cv
+
+    evaluator = FakeEvaluator(retime_fn=retime)
+    result = tune(
+        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        settings=TuneSettings(n_trials=6, finals_top=3, finals_rounds=5),
+        incumbent=INCUMBENT, **QUIET,
+    )
+    (contenders, rounds), = evaluator.retimed
+    assert contenders[0] == INCUMBENT and len(set(contenders)) == 4 and rounds == 5
+    assert result.incumbent_kept is kept
+    if kept:
+        assert result.best == INCUMBENT and result.timing.median_us == 10.0
+    else:
+        fastest = min(contenders[1:], key=fake_median_us)
+        assert result.best == fastest and result.timing.median_us < 10.0 * (1 - 0.02)
+
+
+def test_invalid_incumbent_is_not_defended(tmp_path):
+    invalid = KernelConfig(256, 8, 1, "none", "two_pass", 1, 0)
+    evaluator = FakeEvaluator()
+    result = tune(
+        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        settings=TuneSettings(n_trials=4, finals_top=2), incumbent=invalid, **QUIET,
+    )
+    (contenders, _), = evaluator.retimed
+    assert invalid not in contenders and result.best != invalid
+    assert result.incumbent_kept is False
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def test_two_workers_share_a_study_without_measuring_twice(tmp_path):
+    journal = str(tmp_path / "shared.journal")
+    log = tmp_path / "calls.jsonl"
+    codes = run_workers(
+        2, tune_worker, (journal, str(log), 24), storage_url=journal, gpus=[0, 1]
+    )
+    assert codes == [0, 0]
+    records = read_log(log)
+    assert sorted(r["gpu"] for r in records if r["event"] == "start") == ["0", "1"]
+    calls = [tuple(sorted(r["config"].items())) for r in records if r["event"] == "evaluate"]
+    assert len(calls) == len(set(calls))
+    study = load(Path(journal), WORKER_STUDY)
+    measured = [t for t in study.trials if t.user_attrs.get("role") == "evaluate"
+                and t.state == TrialState.COMPLETE]
+    assert len(measured) == len(calls) >= 24
+    assert not study.get_trials(states=[TrialState.RUNNING])
+
+    # One more call in the parent runs the finals on what the workers found.
+    evaluator = FakeEvaluator()
+    result = tune(
+        WORKER_PROBLEM, evaluator, storage=journal, study_name=WORKER_STUDY,
+        settings=TuneSettings(n_trials=24), **QUIET,
+    )
+    assert evaluator.calls == [] and result.evaluated == len(calls)
+    assert result.best == min(configs_of(measured), key=fake_median_us)
