@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autonorm.cli import main
+from autonorm.cli import run as main
 
 if __name__ == "__main__":
     main()

@@ -236,8 +236,8 @@ def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimi
     with a minimum of 1 it gave a 128-thread kernel 128 registers, so only 4 blocks fit an SM and
     it ran at 75% instead of ~85% of copy bandwidth (H200, bf16 4096, 2026-11-29).
     """
-    # 16 registers of margin: at the bare estimate ptxas still spilled a few smem/none kernels.
-    need = -(-register_estimate(config, problem) // 8) * 8 + 16
+    # 32 registers of margin: with 0 or 16 ptxas still spilled some (420-kernel sweeps).
+    need = -(-register_estimate(config, problem) // 8) * 8 + 32
     by_regs = device.regs_per_sm // (config.threads * need)
     return max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
 
@@ -313,6 +313,8 @@ def check(
         # Sub-warp rows keep per-row masks and indices live: 48 fp32 elements spilled at 128
         # registers (768, 16 threads per row, same sweep).
         max_elems = MAX_CACHE_ELEMS if shape.threads_per_row >= 32 else MAX_CACHE_ELEMS // 2
+        if problem.itemsize == 4:  # 64 fp32 elements spilled at 168 registers (756-kernel sweep)
+            max_elems = min(max_elems, MAX_CACHE_ELEMS // 2)
         if shape.iters > max_iters or elems > max_elems:
             reasons.append(
                 f"register row cache of {shape.iters} vectors / {elems} elements per thread "

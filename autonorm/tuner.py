@@ -598,6 +598,7 @@ class _Search:
     def __init__(
         self,
         study: optuna.Study,
+        storage: BaseStorage,
         problem: Problem,
         evaluator: Evaluator,
         limits: DeviceLimits,
@@ -607,8 +608,9 @@ class _Search:
         target: int,
     ) -> None:
         self.study = study
-        self.storage = study._storage  # noqa: SLF001 - to mark other processes' trials stale
-        self.study_id = self.storage.get_study_id_from_name(study.study_name)
+        # The storage, not the study, can update trials of other (dead) processes.
+        self.storage = storage
+        self.study_id = storage.get_study_id_from_name(study.study_name)
         self.problem = problem
         self.evaluator = evaluator
         self.limits = limits
@@ -868,7 +870,9 @@ def tune(
     target = min(settings.n_trials, len(space.enumerate_space(problem, limits)))
     label = f"tuning h{problem.hidden} {problem.dtype}"
     with _Progress(progress, label, target) as bar:
-        search = _Search(study, problem, evaluator, limits, settings, on_trial, bar, target)
+        search = _Search(
+            study, storage, problem, evaluator, limits, settings, on_trial, bar, target
+        )
         try:
             search.run()
         except BaseException as exc:

@@ -64,10 +64,8 @@ def test_unstable_variant_is_rejected_and_stable_ones_pass() -> None:
     assert any(f.startswith("offset") for f in bad.failures), bad.failures
     assert bad.errors["offset"].rel_l2 > 1e-3
     for stats in ("two_pass", "welford"):
-        good = verify(
-            compiler.compile_kernel(codegen.render(base.__class__(**{**base.to_dict(), "stats": stats}), problem)),
-            problem,
-        )
+        config = KernelConfig.from_dict({**base.to_dict(), "stats": stats})
+        good = verify(compiler.compile_kernel(codegen.render(config, problem)), problem)
         assert good.ok, good.summary()
         # The target: fp32 on rows with mean 1000 and spread 0.1 within 1e-6 of float64.
         assert good.errors["offset"].rel_l2 <= 1e-6

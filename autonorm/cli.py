@@ -1,0 +1,332 @@
+"""The ``autonorm`` command line: tune, show, export, render."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autonorm import __version__
+from autonorm.errors import AutonormError
+from autonorm.space import (
+    BLOCKS_PER_SM,
+    CACHES,
+    CLUSTERS,
+    ROWS_PER_BLOCK,
+    STATS,
+    THREADS,
+    VECS,
+    ConfigError,
+    KernelConfig,
+    Problem,
+    default_config,
+    normalize_dtype,
+    rows_bucket,
+)
+
+DEFAULT_ELEMENTS = 1 << 26
+
+
+class DtypeParam(click.ParamType):
+    """A dtype name or alias (bf16, fp16, fp32, ...)."""
+
+    name = "dtype"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:  # noqa: D102
+        try:
+            return normalize_dtype(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DTYPE = DtypeParam()
+
+
+def _problem(hidden: int, dtype: str, weight: bool, bias: bool) -> Problem:
+    if hidden < 1:
+        raise click.BadParameter(
+            f"hidden size must be at least 1, got {hidden}", param_hint="--hidden"
+        )
+    return Problem(hidden, dtype, weight, bias)
+
+
+def _default_rows(hidden: int) -> int:
+    return max(1, DEFAULT_ELEMENTS // hidden)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="autonorm")
+def main() -> None:
+    """autonorm: generate, tune and run fast, exact CUDA LayerNorm kernels."""
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+
+
+def _common_problem_options(func: Any) -> Any:
+    func = click.option("--no-bias", is_flag=True, help="Problem without a bias.")(func)
+    func = click.option("--no-weight", is_flag=True, help="Problem without a weight.")(func)
+    func = click.option(
+        "--dtype", type=DTYPE, default="bfloat16", show_default=True,
+        help="dtype of x, y, weight and bias: bf16, fp16 or fp32.",
+    )(func)
+    func = click.option("--hidden", type=int, required=True, help="Hidden size (row length).")(func)
+    return func
+
+
+def _tune_worker(index: int, spec: dict[str, Any]) -> None:
+    """Entry point of one `--workers` process (module level so spawn can import it)."""
+    from autonorm import tuner
+
+    problem = Problem(**spec["problem"])
+    _, evaluator, limits, on_trial, db = _tuning_parts(problem, spec["rows"], quiet=True)
+    try:
+        tuner.tune(
+            problem, evaluator, limits=limits, storage=spec["storage"],
+            study_name=spec["study"], settings=tuner.TuneSettings(**spec["settings"],
+                                                                  finals_top=0),
+            on_trial=on_trial, progress=index == 0, worker_index=index,
+        )
+    finally:
+        db.close()
+        if evaluator.pool is not None:
+            evaluator.pool.close()
+
+
+def _tuning_parts(problem: Problem, rows: int, quiet: bool = False) -> tuple[Any, ...]:
+    """Build (device info, evaluator, limits, on_trial callback, user DB) for this process."""
+    from autonorm import codegen, db
+    from autonorm.compiler import CompilePool
+    from autonorm.device import query_device
+    from autonorm.evaluator import GpuEvaluator
+
+    info = query_device()
+    store = db.TuningDB.open_user()
+    store.record_device(info)
+    key = db.TuningKey(
+        device=info.fingerprint, version=codegen.code_version(), dtype=problem.dtype,
+        hidden=problem.hidden, has_weight=problem.has_weight, has_bias=problem.has_bias,
+        rows_bucket=rows_bucket(rows),
+    )
+    evaluator = GpuEvaluator(problem, rows, pool=CompilePool())
+
+    def on_trial(config: KernelConfig, outcome: Any, number: int) -> None:
+        metrics = None
+        if outcome.timing is not None:
+            t = outcome.timing
+            metrics = {
+                "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "cv": t.cv,
+                "gbps": t.gbps, "share": t.share, "max_rel_err": outcome.max_rel_err,
+            }
+        store.record_trial(
+            key, config.to_dict(), outcome.status, error=outcome.error, metrics=metrics,
+            trial_number=number,
+        )
+
+    return key, evaluator, info.limits(), on_trial, store
+
+
+@main.command()
+@_common_problem_options
+@click.option("--rows", type=int, default=None,
+              help="Rows to tune for (its power-of-two bucket is the DB key). "
+                   "Default: 2^26 / hidden.")
+@click.option("--trials", type=int, default=40, show_default=True,
+              help="Candidates to measure (verified and timed).")
+@click.option("--timeout", type=float, default=45.0, show_default=True,
+              help="Stop the search after this many seconds.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
+@click.option("--storage", default=None,
+              help="Optuna storage shared by workers: a journal file path (default: one per "
+                   "study in the cache dir), redis://..., or postgresql://...")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Processes, one per local GPU, searching one shared study.")
+def tune(
+    hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None, trials: int,
+    timeout: float, seed: int, storage: str | None, workers: int,
+) -> None:
+    """Search the kernel space for one shape on this GPU and store the winner.
+
+    Every candidate is verified against a float64 reference before it is timed. Re-running
+    the same command resumes the study where it stopped.
+    """
+    from autonorm import dispatch, tuner
+    from autonorm.device import NoGPUError, query_device
+
+    problem = _problem(hidden, dtype, not no_weight, not no_bias)
+    rows = rows or _default_rows(hidden)
+    if rows < 1:
+        raise click.BadParameter("rows must be at least 1", param_hint="--rows")
+    if trials < 1 or timeout <= 0 or workers < 1:
+        raise click.UsageError("--trials and --workers must be >= 1 and --timeout > 0")
+    started = time.monotonic()
+    try:
+        info = query_device()
+    except NoGPUError as exc:
+        raise click.ClickException(f"autonorm tune needs a CUDA GPU: {exc}") from None
+    from autonorm import codegen
+
+    study = tuner.study_name_for(info.fingerprint, codegen.code_version(), problem,
+                                 rows_bucket(rows))
+    settings = {"n_trials": trials, "timeout_s": timeout, "seed": seed}
+    click.echo(
+        f"autonorm {__version__}: tuning hidden={hidden} {problem.dtype} rows={rows} on "
+        f"{info.name} ({info.sm_count} SMs), study {study}", err=True,
+    )
+    key, evaluator, limits, on_trial, store = _tuning_parts(problem, rows)
+    try:
+        if workers > 1:
+            spec = {"problem": problem.__dict__, "rows": rows, "storage": storage,
+                    "study": study, "settings": settings}
+            codes = tuner.run_workers(workers, _tune_worker, (spec,), storage_url=storage)
+            if any(codes):
+                click.echo(f"warning: worker exit codes {codes}", err=True)
+        incumbent_rec = store.get_winner(key)
+        incumbent = KernelConfig.from_dict(incumbent_rec.config) if incumbent_rec else None
+        result = tuner.tune(
+            problem, evaluator, limits=limits, storage=storage, study_name=study,
+            settings=tuner.TuneSettings(**settings), incumbent=incumbent, on_trial=on_trial,
+        )
+        if result.best is None or result.timing is None:
+            raise click.ClickException(
+                f"no candidate passed verification ({result.failures}); nothing stored"
+            )
+        t = result.timing
+        metrics = {
+            "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "cv": t.cv,
+            "gbps": t.gbps, "share": t.share, "rows": rows, "trials": result.evaluated,
+            "copy_gbps": evaluator.copy_gbps,
+        }
+        store.set_winner(key, result.best.to_dict(), metrics)
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished trials are kept; run the same command to resume",
+                   err=True)
+        sys.exit(130)
+    finally:
+        store.close()
+        if evaluator.pool is not None:
+            evaluator.pool.close()
+    dispatch.clear_cache()
+    elapsed = time.monotonic() - started
+    kept = " (incumbent kept)" if result.incumbent_kept else ""
+    click.echo(
+        f"winner{kept}: {result.best.label()}\n"
+        f"  {t.median_us:.1f} us  {t.gbps:.0f} GB/s  {t.share * 100:.1f}% of copy bandwidth "
+        f"({evaluator.copy_gbps:.0f} GB/s)  cv {t.cv:.3f}\n"
+        f"  {result.evaluated} candidates measured, failures {result.failures or 'none'}; "
+        f"tuned in {elapsed:.1f} s; stored in {store_path()}"
+    )
+
+
+def store_path() -> Path:
+    """Path of the user's tuning DB (for messages)."""
+    from autonorm import config
+
+    return config.user_db_path()
+
+
+@main.command()
+@click.option("--all-devices", is_flag=True, help="Include winners of other GPUs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def show(all_devices: bool, as_json: bool) -> None:
+    """List tuned kernels: shape, configuration, time, GB/s and share of copy bandwidth."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from autonorm import db
+    from autonorm.device import NoGPUError, query_device
+
+    device = None
+    if not all_devices:
+        try:
+            device = query_device().fingerprint
+        except NoGPUError:
+            device = None
+    rows = []
+    stores = [("user", db.TuningDB.open_user()), ("shipped", db.TuningDB.open_shipped())]
+    for source, store in stores:
+        if store is None:
+            continue
+        with store:
+            for w in store.winners(device):
+                rows.append((source, w))
+    if as_json:
+        click.echo(json.dumps([
+            {"source": s, **w.key.__dict__, "config": w.config, "metrics": w.metrics}
+            for s, w in rows
+        ], indent=1))
+        return
+    table = Table(title=f"autonorm tuned kernels ({'all GPUs' if device is None else device})")
+    for col in ("source", "GPU", "dtype", "hidden", "w/b", "rows<=", "config", "us", "GB/s",
+                "% copy"):
+        table.add_column(col, justify="right" if col in ("hidden", "rows<=", "us", "GB/s",
+                                                         "% copy") else "left")
+    for source, w in rows:
+        m = w.metrics
+        table.add_row(
+            source, w.key.device.split("|")[0], w.key.dtype, str(w.key.hidden),
+            f"{'w' if w.key.has_weight else '-'}{'b' if w.key.has_bias else '-'}",
+            str(w.key.rows_bucket), KernelConfig.from_dict(w.config).label(),
+            f"{m.get('median_us', 0):.1f}", f"{m.get('gbps', 0):.0f}",
+            f"{m.get('share', 0) * 100:.1f}",
+        )
+    if not rows:
+        click.echo("no tuned kernels yet: run `autonorm tune --hidden N` on a GPU", err=True)
+        return
+    Console().print(table)
+
+
+@main.command()
+@_common_problem_options
+@click.option("--rows", type=int, default=None, help="Pick the winner tuned for this row count.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              required=True, help="Directory to write the .cu, .h and .json into.")
+def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
+           out_dir: Path) -> None:
+    """Write a tuned kernel as standalone CUDA source with a host launcher."""
+    from autonorm import export as export_mod
+
+    _problem(hidden, dtype, not no_weight, not no_bias)
+    paths = export_mod.export_from_db(
+        hidden, dtype, out_dir, has_weight=not no_weight, has_bias=not no_bias, rows=rows
+    )
+    for path in paths:
+        click.echo(str(path))
+
+
+@main.command()
+@_common_problem_options
+@click.option("--threads", type=click.Choice([str(t) for t in THREADS]), default=None)
+@click.option("--vec", type=click.Choice([str(v) for v in VECS]), default=None)
+@click.option("--rows-per-block", type=click.Choice([str(r) for r in ROWS_PER_BLOCK]),
+              default=None)
+@click.option("--cache", type=click.Choice(CACHES), default=None)
+@click.option("--stats", type=click.Choice(STATS), default=None)
+@click.option("--cluster", type=click.Choice([str(c) for c in CLUSTERS]), default=None)
+@click.option("--blocks-per-sm", type=click.Choice([str(b) for b in BLOCKS_PER_SM]),
+              default=None)
+def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
+    """Print the CUDA source of one configuration (unset fields come from the default)."""
+    from autonorm import codegen
+
+    problem = _problem(hidden, dtype, not no_weight, not no_bias)
+    base = default_config(problem).to_dict()
+    chosen = {k: (int(v) if k not in ("cache", "stats") else v)
+              for k, v in fields.items() if v is not None}
+    config = KernelConfig.from_dict({**base, **chosen})
+    try:
+        click.echo(codegen.render(config, problem).source, nl=False)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def run() -> None:
+    """Console entry point with autonorm errors shown as one clear line."""
+    try:
+        main(standalone_mode=True)
+    except AutonormError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
