@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU session's checks, in order (run from the repo root on the GPU machine, OUT set):
+# GPU tests, a cold-start tune of the main job, dispatch to its winner, the peers benchmark.
+set -u
+export PYTHONUNBUFFERED=1 AUTONORM_CACHE_DIR=${AUTONORM_CACHE_DIR:-/tmp/autonorm-cache}
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+suite=${1:-all}
+if [[ $suite == all || $suite == tests ]]; then
+  timeout 200 python3 -m pytest -q -m gpu tests/ -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+fi
+if [[ $suite == all || $suite == tune ]]; then
+  rm -rf "$AUTONORM_CACHE_DIR" "$CUPY_CACHE_DIR"
+  /usr/bin/time -f "tune wall %e s" timeout 150 python3 -m autonorm tune --hidden 16384 --dtype bf16 2>&1 | grep -v "━" | tee "$OUT/tune.log" | tail -12
+  python3 -m autonorm show 2>&1 | tail -8
+  python3 - <<'PY' 2>&1 | tee "$OUT/dispatch.log"
+import cupy, numpy as np, autonorm
+from autonorm import dispatch
+from autonorm.space import Problem
+x = cupy.random.standard_normal((4096, 16384), dtype=cupy.float32).astype("bfloat16")
+w = cupy.ones(16384, dtype="bfloat16"); b = cupy.zeros(16384, dtype="bfloat16")
+y = autonorm.layer_norm(x, w, b, 1e-5)
+c = dispatch.chosen(Problem(16384, "bfloat16"), 4096)
+xf = x.astype(cupy.float64); ref = (xf - xf.mean(1, keepdims=True)) / cupy.sqrt(xf.var(1, keepdims=True) + 1e-5)
+err = float(cupy.linalg.norm(y.astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
+print("dispatch chose", c.source, c.config.label(), "rel err", f"{err:.2e}")
+PY
+fi
