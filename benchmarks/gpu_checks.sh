@@ -15,10 +15,11 @@ if [[ $suite == all || $suite == tune ]]; then
   python3 -m autonorm show 2>&1 | tail -8
   python3 - <<'PY' 2>&1 | tee "$OUT/dispatch.log"
 import cupy, numpy as np, autonorm
+from ml_dtypes import bfloat16
 from autonorm import dispatch
 from autonorm.space import Problem
-x = cupy.random.standard_normal((4096, 16384), dtype=cupy.float32).astype("bfloat16")
-w = cupy.ones(16384, dtype="bfloat16"); b = cupy.zeros(16384, dtype="bfloat16")
+x = cupy.random.standard_normal((4096, 16384), dtype=cupy.float32).astype(bfloat16)
+w = cupy.ones(16384, dtype=bfloat16); b = cupy.zeros(16384, dtype=bfloat16)
 y = autonorm.layer_norm(x, w, b, 1e-5)
 c = dispatch.chosen(Problem(16384, "bfloat16"), 4096)
 xf = x.astype(cupy.float64); ref = (xf - xf.mean(1, keepdims=True)) / cupy.sqrt(xf.var(1, keepdims=True) + 1e-5)
