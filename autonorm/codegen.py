@@ -21,6 +21,7 @@ from autonorm.space import (
     Problem,
     derive_shape,
     min_blocks_per_sm,
+    prefetches,
     require_valid,
     smem_bytes,
 )
@@ -158,6 +159,7 @@ def render(
         "threads": config_.threads,
         "min_blocks": min_blocks_per_sm(config_, problem, device or H200),
         "cache": config_.cache,
+        "PREFETCH": prefetches(config_),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
     }

@@ -212,6 +212,15 @@ def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     return cache + SCRATCH_SMEM
 
 
+def prefetches(config: KernelConfig) -> bool:
+    """True when the kernel loads the next row while it finishes this one.
+
+    A persistent grid (blocks_per_sm > 0) with a register cache holds two rows per thread: the
+    one being normalized and the next one, whose loads are in flight meanwhile.
+    """
+    return config.cache == "registers" and config.blocks_per_sm > 0
+
+
 def register_estimate(config: KernelConfig, problem: Problem) -> int:
     """Registers per thread a configuration needs, estimated (an upper bound in practice).
 
@@ -224,6 +233,8 @@ def register_estimate(config: KernelConfig, problem: Problem) -> int:
     per_elem = 1.5 if config.stats == "welford" else 1.25
     if config.cache == "registers":
         elems = derive_shape(config, problem).iters * config.vec
+        if prefetches(config):
+            elems *= 2  # the next row is held too
     else:
         elems = 4 * config.vec  # the loops are unrolled 4 vectors deep
     return need + int(elems * per_elem)
@@ -310,6 +321,8 @@ def check(
         # A cluster's extra reductions keep more live: two fp32 two-pass kernels with cluster 2
         # spilled at iters 8 (1024 threads) and 16 (512 threads) in the same sweep.
         max_iters = MAX_CACHE_ITERS if config.cluster == 1 else MAX_CACHE_ITERS // 2
+        if prefetches(config):  # two rows live: 16 fp32 vectors of 2 spilled (sweep of 252)
+            max_iters = min(max_iters, MAX_CACHE_ITERS // 2)
         # Sub-warp rows keep per-row masks and indices live: 48 fp32 elements spilled at 128
         # registers (768, 16 threads per row, same sweep).
         max_elems = MAX_CACHE_ELEMS if shape.threads_per_row >= 32 else MAX_CACHE_ELEMS // 2

@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=1 << 26)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--configs", default="", help="JSON list of config dicts to add")
+    parser.add_argument("--focus", default="", help="only sample configs with these fields, "
+                        "e.g. cache=registers,vec=max,cluster=1")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -41,6 +43,12 @@ def main() -> None:
             problem = Problem(hidden, normalize_dtype(dtype))
             rows = args.elements // hidden
             space = enumerate_space(problem, limits)
+            for item in filter(None, args.focus.split(",")):
+                field, value = item.split("=")
+                want = problem.max_vec if value == "max" else value
+                space = [c for c in space if str(getattr(c, field)) == str(want)
+                         or (field == "blocks_per_sm" and value == "persistent"
+                             and c.blocks_per_sm > 0)]
             rng = random.Random(hidden)
             cands = [default_config(problem, limits)] + rng.sample(
                 space, min(args.per_shape, len(space))

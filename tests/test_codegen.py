@@ -1,0 +1,316 @@
+"""Tests of kernel rendering (autonorm.codegen): pure, deterministic, CPU only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autonorm
+from autonorm.codegen import (
+    LaunchPlan,
+    code_version,
+    kernel_name,
+    render,
+    templates_hash,
+)
+from autonorm.space import (
+    DTYPES,
+    H200,
+    ConfigError,
+    DeviceLimits,
+    KernelConfig,
+    Problem,
+    enumerate_space,
+    smem_bytes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+HIDDEN_SIZES = (1, 7, 768, 1000, 4096, 16384, 65536)
+SEED = 20261129
+
+
+def sampled_sweep(n: int = 200, seed: int = SEED) -> list[tuple[KernelConfig, Problem]]:
+    """``n`` random valid (config, problem) pairs across dtypes and hidden sizes."""
+    rng = random.Random(seed)
+    spaces = {
+        (h, dt): enumerate_space(Problem(h, dt)) for h in HIDDEN_SIZES for dt in DTYPES
+    }
+    keys = sorted(spaces)
+    out = []
+    for i in range(n):
+        hidden, dtype = keys[i % len(keys)]  # every (hidden, dtype) gets its share
+        affine = rng.choice([(True, True), (True, True), (True, False), (False, True),
+                             (False, False)])
+        problem = Problem(hidden, dtype, *affine)
+        out.append((rng.choice(spaces[(hidden, dtype)]), problem))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep() -> list[tuple[KernelConfig, Problem]]:
+    return sampled_sweep()
+
+
+def test_sampled_sweep_renders(sweep):
+    assert len(sweep) == 200
+    for cfg, problem in sweep:
+        k = render(cfg, problem)
+        assert k.config == cfg and k.problem == problem
+        assert k.name == kernel_name(cfg, problem)
+        assert re.fullmatch(r"autonorm_ln_[0-9a-f]{16}", k.name)
+        src = k.source
+        assert f"{k.name}(const " in src
+        assert 'extern "C" __global__' in src
+        assert cfg.label() in src
+        assert f"constexpr int N = {problem.hidden};" in src
+        assert f"__launch_bounds__({cfg.threads}, " in src
+        assert "{{" not in src and "{%" not in src and "{#" not in src  # nothing left unrendered
+        assert src.count("{") == src.count("}")
+        assert ("__cluster_dims__" in src) == (cfg.cluster > 1)
+        assert ("const Vec wv" in src) == problem.has_weight
+        assert ("const Vec bv" in src) == problem.has_bias
+        plan = k.launch
+        assert plan.threads == cfg.threads
+        assert plan.cluster == cfg.cluster
+        assert plan.rows_per_block == cfg.rows_per_block
+        assert plan.blocks_per_sm == cfg.blocks_per_sm
+        assert plan.smem_bytes == smem_bytes(cfg, problem)
+        assert len(k.source_hash) == 64
+    covered = {(c.cache, c.stats, c.cluster > 1) for c, _ in sweep}
+    assert len(covered) >= 8, covered  # the sample reaches most variants
+
+
+def test_sample_covers_all_hidden_sizes_and_dtypes(sweep):
+    assert {(p.hidden, p.dtype) for _, p in sweep} == {
+        (h, dt) for h in HIDDEN_SIZES for dt in DTYPES
+    }
+
+
+def test_render_is_deterministic(sweep):
+    for cfg, problem in sweep[:50]:
+        a, b = render(cfg, problem), render(cfg, problem)
+        assert a.source.encode() == b.source.encode()
+        assert a == b
+
+
+_CHILD = """
+import hashlib, json, sys
+from autonorm.codegen import render
+from autonorm.space import KernelConfig, Problem
+pairs = json.loads(sys.stdin.read())
+out = []
+for cfg, prob in pairs:
+    k = render(KernelConfig.from_dict(cfg), Problem(**prob))
+    out.append([k.name, hashlib.sha256(k.source.encode()).hexdigest()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("hashseed", ["0", "4242"])
+def test_render_is_deterministic_across_processes(sweep, hashseed):
+    pairs = sweep[:40]
+    payload = json.dumps([
+        [c.to_dict(), {"hidden": p.hidden, "dtype": p.dtype, "has_weight": p.has_weight,
+                       "has_bias": p.has_bias}]
+        for c, p in pairs
+    ])
+    env = dict(os.environ, PYTHONHASHSEED=hashseed)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], input=payload, capture_output=True, text=True,
+        env=env, check=False, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    here = []
+    for c, p in pairs:
+        k = render(c, p)
+        here.append([k.name, hashlib.sha256(k.source.encode()).hexdigest()])
+    assert json.loads(done.stdout) == here
+
+
+def test_kernel_names_are_unique():
+    problem = Problem(4096, "bfloat16")
+    configs = enumerate_space(problem)
+    names = {kernel_name(c, problem) for c in configs}
+    assert len(names) == len(configs)
+    # the same configuration on another problem is another kernel
+    cfg = KernelConfig(threads=256, vec=4, cache="smem", stats="welford")
+    problems = [
+        Problem(4096, "bfloat16"), Problem(4096, "float16"), Problem(4096, "float32"),
+        Problem(4100, "bfloat16"), Problem(4096, "bfloat16", has_weight=False),
+        Problem(4096, "bfloat16", has_bias=False),
+        Problem(4096, "bfloat16", has_weight=False, has_bias=False),
+    ]
+    rendered = [render(cfg, p) for p in problems]
+    assert len({k.name for k in rendered}) == len(problems)
+    assert len({k.source_hash for k in rendered}) == len(problems)
+
+
+def test_different_configs_give_different_sources(sweep):
+    by_name = {}
+    for cfg, problem in sweep:
+        k = render(cfg, problem)
+        by_name.setdefault(k.name, (cfg, problem))
+        assert by_name[k.name] == (cfg, problem)
+
+
+def test_invalid_config_does_not_render():
+    problem = Problem(4096, "float32")
+    with pytest.raises(ConfigError, match="exceeds a 16-byte access"):
+        render(KernelConfig(vec=8), problem)
+    small = DeviceLimits(name="small", max_smem_optin=48 * 1024)
+    cfg = KernelConfig(threads=256, vec=8, rows_per_block=2, cache="smem", stats="welford")
+    big = Problem(16384, "bfloat16")
+    render(cfg, big)
+    with pytest.raises(ConfigError, match="shared memory"):
+        render(cfg, big, small)
+
+
+def test_naive_renders_only_when_allowed():
+    problem = Problem(4096, "float32")
+    naive = KernelConfig(threads=256, vec=4, cache="registers", stats="naive")
+    with pytest.raises(ConfigError, match="stats must be one of"):
+        render(naive, problem)
+    k = render(naive, problem, allow_unstable=True)
+    assert "DELIBERATELY UNSTABLE" in k.source
+    assert "const float shift = 0.f;" in k.source
+    assert "to_f(x[row_base])" not in k.source
+    k2 = render(naive, problem, H200, allow_unstable=True)
+    assert k2.source == k.source
+
+
+@pytest.mark.parametrize(
+    ("cache", "stats"),
+    [("none", "welford"), ("registers", "welford"), ("smem", "welford"),
+     ("registers", "two_pass"), ("smem", "two_pass")],  # two_pass without a cache is invalid
+)
+def test_stable_variants_shift_each_row(cache, stats):
+    for dtype in DTYPES:
+        problem = Problem(4096, dtype)
+        vec = 4 if dtype == "float32" else 8
+        k = render(KernelConfig(threads=256, vec=vec, cache=cache, stats=stats), problem)
+        assert "const float shift = to_f(x[row_base]);" in k.source
+        assert "xf - shift" in k.source
+        assert "(to_f(xv.v[k]) - shift) - mean" in k.source
+        assert "DELIBERATELY UNSTABLE" not in k.source
+        assert "const float shift = 0.f;" not in k.source
+
+
+def test_code_version():
+    version = code_version()
+    assert version.startswith(autonorm.__version__ + "+")
+    assert re.fullmatch(re.escape(autonorm.__version__) + r"\+[0-9a-f]{12}", version)
+    assert version.endswith(templates_hash())
+    assert version == code_version()
+    k = render(KernelConfig(), Problem(4096, "bfloat16"))
+    assert f"rendered by autonorm {version}" in k.source
+
+
+def test_templates_hash_covers_every_template():
+    from autonorm import config
+
+    names = sorted(p.name for p in config.templates_dir().glob("*.j2"))
+    assert "layernorm_fwd.cu.j2" in names and "reduce.cuh.j2" in names
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(name.encode())
+        digest.update((config.templates_dir() / name).read_bytes())
+    assert templates_hash() == digest.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- launch plans
+
+
+def plan(rows_per_block=1, cluster=1, blocks_per_sm=0, threads=256) -> LaunchPlan:
+    return LaunchPlan(threads=threads, smem_bytes=0, cluster=cluster,
+                      rows_per_block=rows_per_block, blocks_per_sm=blocks_per_sm)
+
+
+@pytest.mark.parametrize(
+    ("rows", "rpb", "cluster", "blocks"),
+    [(1, 1, 1, 1), (37, 1, 1, 37), (37, 4, 1, 10), (37, 32, 1, 2), (32, 32, 1, 1),
+     (0, 1, 1, 1), (0, 4, 2, 2), (37, 1, 2, 74), (1000, 1, 8, 8000), (5, 1, 4, 20)],
+)
+def test_grid_one_tile_per_cluster(rows, rpb, cluster, blocks):
+    assert plan(rpb, cluster).grid(rows, sm_count=132) == blocks
+
+
+@pytest.mark.parametrize(
+    ("rows", "rpb", "cluster", "bps", "sm", "blocks"),
+    [
+        (1 << 20, 1, 1, 1, 132, 132),
+        (1 << 20, 1, 1, 4, 132, 528),
+        (1 << 20, 4, 1, 8, 132, 1056),
+        (1 << 20, 1, 2, 2, 132, 264),  # 132 clusters of 2
+        (1 << 20, 1, 8, 1, 132, 128),  # 16 clusters of 8: rounded down to whole clusters
+        (1 << 20, 1, 8, 1, 4, 8),  # fewer SMs than a cluster: still one cluster
+        (10, 1, 1, 8, 132, 10),  # fewer tiles than the persistent grid
+        (10, 4, 2, 8, 132, 6),  # 3 tiles, clusters of 2
+        (0, 1, 4, 2, 132, 4),
+    ],
+)
+def test_grid_persistent(rows, rpb, cluster, bps, sm, blocks):
+    assert plan(rpb, cluster, bps).grid(rows, sm_count=sm) == blocks
+
+
+def test_grid_properties():
+    for rows in (0, 1, 2, 7, 37, 131, 132, 133, 1000, 4097, 1 << 20):
+        for rpb in (1, 2, 4, 8, 16, 32):
+            for cluster in (1, 2, 4, 8):
+                tiles = max(1, -(-rows // rpb))
+                for bps in (0, 1, 2, 4, 8):
+                    for sm in (1, 8, 132):
+                        g = plan(rpb, cluster, bps).grid(rows, sm)
+                        assert g % cluster == 0 and g >= cluster
+                        assert g <= tiles * cluster
+                        if bps == 0:
+                            assert g == tiles * cluster
+                        else:
+                            assert g <= max(sm * bps, cluster)
+
+
+def test_rendered_plan_grid_matches_config():
+    problem = Problem(65536, "bfloat16")
+    cfg = KernelConfig(threads=512, vec=8, cache="smem", stats="two_pass", cluster=4,
+                       blocks_per_sm=2)
+    k = render(cfg, problem)
+    assert k.launch.grid(4096, H200.sm_count) == 132 * 2  # 66 clusters of 4
+    assert k.launch.smem_bytes == 65536 // 4 * 2 + 800
+
+
+# --------------------------------------------------------------------------- hardware limits
+
+
+def _named_barrier_ids(cfg: KernelConfig, problem: Problem) -> range:
+    """The ``bar.sync`` ids a rendered kernel can use (``group + 1`` for each row group)."""
+    src = render(cfg, problem).source
+    if 'asm volatile("bar.sync %0, %1;" :: "r"(group + 1)' not in src:
+        return range(0)
+    return range(1, cfg.rows_per_block + 1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="product bug: 1024 threads x 16 rows (64 threads per row) renders bar.sync ids "
+    "1..16, but a CTA has 16 named barriers numbered 0..15 (PTX ISA, barrier)",
+    raises=AssertionError,
+)
+def test_named_barrier_ids_fit_the_hardware():
+    bad = []
+    for dtype in DTYPES:
+        problem = Problem(768, dtype)
+        for cfg in enumerate_space(problem):
+            if cfg.rows_per_block > 1 and cfg.threads_per_row > 32:
+                ids = _named_barrier_ids(cfg, problem)
+                assert ids, cfg.label()
+                if max(ids) > 15:
+                    bad.append((dtype, cfg.label()))
+    assert not bad, f"{len(bad)} configs use barrier id 16: {bad[:4]}"

@@ -1,0 +1,465 @@
+"""Tests of autonorm.export: the exported .cu/.h compile and link with plain nvcc, the manifest
+round-trips, export_from_db picks the tuned winner, and (GPU) the exported kernel's output equals
+the in-process kernel's bit for bit."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autonorm import compiler, export
+from autonorm.codegen import LaunchPlan, code_version, render
+from autonorm.db import TuningDB, TuningKey
+from autonorm.device import DeviceInfo
+from autonorm.export import (
+    DefaultConfigWarning,
+    default_basename,
+    export_from_db,
+    export_kernel,
+    render_export,
+)
+from autonorm.space import (
+    ConfigError,
+    KernelConfig,
+    Problem,
+    check,
+    default_config,
+    smem_bytes,
+)
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+DRIVER = FIXTURES / "export_driver.cu"
+
+H200 = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6144, 3201000)
+A100 = DeviceInfo("NVIDIA A100-SXM4-80GB", 80, 108, 41943040, 166912, 5120, 1593000)
+
+CLUSTER = KernelConfig(256, 8, 1, "registers", "welford", 2, 0)
+PERSISTENT = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 2)
+BIG_SMEM = KernelConfig(1024, 8, 1, "smem", "two_pass", 1, 0)
+
+
+def _case(
+    hidden: int,
+    dtype: str,
+    weight: bool = True,
+    bias: bool = True,
+    config: KernelConfig | None = None,
+) -> object:
+    problem = Problem(hidden, dtype, weight, bias)
+    return pytest.param(config or default_config(problem), problem, id=_case_id(problem, config))
+
+
+def _case_id(problem: Problem, config: KernelConfig | None) -> str:
+    flags = f"{'w' if problem.has_weight else ''}{'b' if problem.has_bias else ''}" or "plain"
+    return f"{problem.dtype}-h{problem.hidden}-{flags}-{config.label() if config else 'default'}"
+
+
+# Each dtype, with and without weight and bias, a cluster, a persistent and a big-smem kernel.
+CASES = [
+    _case(1000, "float32"),
+    _case(4096, "float16", True, False),
+    _case(4096, "bfloat16", False, True),
+    _case(768, "bfloat16", False, False),
+    _case(16384, "bfloat16", config=CLUSTER),
+    _case(16384, "bfloat16", config=PERSISTENT),
+    _case(65536, "float16", config=BIG_SMEM),
+]
+
+
+def _nvcc() -> str:
+    nvcc = compiler.nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH: compiling exported kernels needs the CUDA toolkit")
+    return nvcc
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def _driver_defines(basename: str) -> list[str]:
+    return [
+        f'-DEXPORT_HEADER="{basename}.h"',
+        f"-DEXPORT_NAME={basename}",
+        f"-DEXPORT_MACRO={basename.upper()}",
+    ]
+
+
+def _bf16_bits(values: np.ndarray) -> np.ndarray:
+    """Round float32 values to bfloat16 (nearest even) and return the bits as uint16."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+# -- rendering (pure) -------------------------------------------------------------------------
+
+
+def test_default_basename_names_dtype_hidden_and_missing_affine() -> None:
+    assert default_basename(Problem(16384, "bf16")) == "autonorm_ln_bf16_h16384"
+    assert default_basename(Problem(1000, "float32")) == "autonorm_ln_fp32_h1000"
+    assert default_basename(Problem(768, "fp16", False, True)) == "autonorm_ln_fp16_h768_noweight"
+    assert default_basename(Problem(768, "fp16", True, False)) == "autonorm_ln_fp16_h768_nobias"
+
+
+def test_render_is_pure_and_deterministic(tmp_path: Path) -> None:
+    problem = Problem(16384, "bfloat16")
+    first = render_export(CLUSTER, problem, metrics={"median_us": 3.0})
+    again = render_export(CLUSTER, problem, metrics={"median_us": 3.0})
+    assert first.files() == again.files()
+    assert not list(tmp_path.iterdir())
+    paths = export.write_export(first, tmp_path)
+    assert [p.name for p in paths] == [
+        "autonorm_ln_bf16_h16384.cu", "autonorm_ln_bf16_h16384.h", "autonorm_ln_bf16_h16384.json"
+    ]
+    assert {p.name: p.read_text() for p in paths} == first.files()
+
+
+def test_source_holds_the_rendered_kernel_verbatim_after_its_header() -> None:
+    problem = Problem(4096, "float16")
+    config = default_config(problem)
+    exported = render_export(config, problem, basename="my_ln")
+    kernel = render(config, problem)
+    assert kernel.source in exported.source
+    assert exported.source.index('#include "my_ln.h"') < exported.source.index(kernel.source)
+    assert f"{kernel.name}<<<" in exported.source
+    assert "#ifndef MY_LN_H_" in exported.header and "#endif  // MY_LN_H_" in exported.header
+
+
+@pytest.mark.parametrize(("weight", "bias"), [(True, True), (True, False), (False, True), (False, False)])
+def test_weight_and_bias_parameters_exist_only_for_the_problem(weight: bool, bias: bool) -> None:
+    problem = Problem(4096, "bfloat16", weight, bias)
+    exported = render_export(default_config(problem), problem)
+    decl = exported.header[exported.header.index("cudaError_t autonorm_ln"):]
+    decl = decl[: decl.index(";")]
+    assert ("const __nv_bfloat16* weight" in decl) == weight
+    assert ("const __nv_bfloat16* bias" in decl) == bias
+    assert "const __nv_bfloat16* x" in decl and "__nv_bfloat16* y, int rows, float eps" in decl
+    assert "cudaStream_t stream" in decl
+
+
+@pytest.mark.parametrize(
+    ("dtype", "ctype", "include"),
+    [("float32", "float", None), ("float16", "__half", "cuda_fp16.h"),
+     ("bfloat16", "__nv_bfloat16", "cuda_bf16.h")],
+)
+def test_header_includes_what_its_type_needs(dtype: str, ctype: str, include: str | None) -> None:
+    problem = Problem(4096, dtype)
+    header = render_export(default_config(problem), problem).header
+    assert "#include <cuda_runtime.h>" in header
+    assert f"typedef {ctype} {default_basename(problem)}_elem;" in header
+    for other in ("cuda_fp16.h", "cuda_bf16.h"):
+        assert (f"#include <{other}>" in header) == (other == include)
+    assert code_version() in header
+    assert default_config(problem).label() in header
+    assert f"rows of {problem.hidden} elements" in header
+
+
+def test_launch_plan_features_appear_only_where_needed() -> None:
+    problem = Problem(16384, "bfloat16")
+    plain = render_export(default_config(problem), problem).source
+    persistent = render_export(PERSISTENT, problem).source
+    cluster = render_export(CLUSTER, problem).source
+    big_problem = Problem(65536, "float16")
+    assert smem_bytes(BIG_SMEM, big_problem) > 48 * 1024
+    big = render_export(BIG_SMEM, big_problem).source
+    assert "cudaDevAttrMultiProcessorCount" in persistent
+    assert "cudaDevAttrMultiProcessorCount" not in plain + cluster + big
+    assert "cudaFuncAttributeMaxDynamicSharedMemorySize" in big
+    assert "cudaFuncAttributeMaxDynamicSharedMemorySize" not in plain + persistent + cluster
+    assert "__cluster_dims__(2, 1, 1)" in cluster and "__cluster_dims__" not in plain
+    assert f"kSmemBytes = {smem_bytes(BIG_SMEM, big_problem)};" in big
+
+
+def test_invalid_config_and_basename_are_rejected() -> None:
+    problem = Problem(4096, "bfloat16")
+    with pytest.raises(ConfigError):
+        render_export(KernelConfig(256, 8, 2, "registers", "welford", 2, 0), problem)
+    for bad in ("1abc", "my-ln", "a b", ""):
+        with pytest.raises(ValueError, match="C identifier"):
+            render_export(default_config(problem), problem, basename=bad)
+
+
+# -- manifest ---------------------------------------------------------------------------------
+
+
+def test_manifest_round_trips_config_and_carries_metrics(tmp_path: Path) -> None:
+    problem = Problem(16384, "bfloat16")
+    metrics = {"median_us": np.float64(21.5), "gbps": 3121.0, "share": 0.91, "cv": float("nan")}
+    paths = export_kernel(CLUSTER, problem, tmp_path, metrics=metrics)
+    manifest = json.loads(paths[2].read_text())
+    assert KernelConfig.from_dict(manifest["config"]) == CLUSTER
+    assert Problem(**manifest["problem"]) == problem
+    assert manifest["label"] == CLUSTER.label()
+    assert manifest["kernel_name"] == render(CLUSTER, problem).name
+    assert manifest["autonorm_version"] == code_version()
+    assert manifest["function"] == "autonorm_ln_bf16_h16384_forward"
+    assert manifest["metrics"] == {"median_us": 21.5, "gbps": 3121.0, "share": 0.91, "cv": None}
+    assert manifest["source"] == "explicit"
+    launch = manifest["launch"]
+    plan = LaunchPlan(**{k: launch[k] for k in
+                         ("threads", "smem_bytes", "cluster", "rows_per_block", "blocks_per_sm")})
+    assert plan == render(CLUSTER, problem).launch
+    assert launch["min_compute_capability"] == 90
+
+
+def test_manifest_without_metrics_says_null(tmp_path: Path) -> None:
+    problem = Problem(4096, "float32")
+    paths = export_kernel(default_config(problem), problem, tmp_path / "new" / "dir")
+    assert json.loads(paths[2].read_text())["metrics"] is None
+
+
+# -- nvcc: compile, link, argument validation ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("config", "problem"), CASES)
+def test_exported_source_compiles_with_plain_nvcc(
+    tmp_path: Path, config: KernelConfig, problem: Problem
+) -> None:
+    nvcc = _nvcc()
+    paths = export_kernel(config, problem, tmp_path)
+    proc = _run(
+        [nvcc, "-arch=sm_90", "-std=c++17", "-Xcompiler", "-Wall,-Wextra", "-c", paths[0].name,
+         "-o", "exported.o"],
+        tmp_path,
+    )
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
+
+
+@pytest.mark.parametrize(("config", "problem"), CASES)
+def test_driver_links_against_export_and_validates_arguments(
+    tmp_path: Path, config: KernelConfig, problem: Problem
+) -> None:
+    """A C++ caller includes the header and links; its `validate` mode makes no device call."""
+    nvcc = _nvcc()
+    paths = export_kernel(config, problem, tmp_path)
+    basename = default_basename(problem)
+    _run(
+        [nvcc, "-arch=sm_90", "-std=c++17", "-I", str(tmp_path), *_driver_defines(basename),
+         "-o", "prog", str(DRIVER), paths[0].name],
+        tmp_path,
+    )
+    proc = subprocess.run(
+        [str(tmp_path / "prog"), "validate"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
+    nvcc = _nvcc()
+    gxx = shutil.which("g++")
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+    include = next((Path(r) / "include" for r in roots
+                    if r and (Path(r) / "include" / "cuda_runtime.h").is_file()), None)
+    if gxx is None or include is None:
+        pytest.skip("needs g++ and the CUDA headers (CUDA_HOME, or next to nvcc)")
+    problem = Problem(16384, "bfloat16")
+    export_kernel(default_config(problem), problem, tmp_path)
+    (tmp_path / "use.cpp").write_text(f'#include "{default_basename(problem)}.h"\n')
+    _run([gxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
+          "use.cpp"], tmp_path)
+
+
+# -- export_from_db ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "user.db"
+    monkeypatch.setenv("AUTONORM_DB", str(path))
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
+    monkeypatch.delenv("AUTONORM_SHIPPED_DB", raising=False)
+    return path
+
+
+def _key(device: DeviceInfo = H200, bucket: int = 1024, **changes: object) -> TuningKey:
+    base = dict(device=device.fingerprint, version=code_version(), dtype="bfloat16",
+                hidden=16384, has_weight=True, has_bias=True, rows_bucket=bucket)
+    return TuningKey(**{**base, **changes})
+
+
+def _add_winner(path: Path, key: TuningKey, config: KernelConfig, median_us: float = 20.0,
+                device: DeviceInfo | None = H200) -> None:
+    with TuningDB(path) as db:
+        if device is not None:
+            db.record_device(device)
+        db.set_winner(key, config.to_dict(), {"median_us": median_us, "gbps": 3000.0,
+                                              "share": 0.9, "rows": key.rows_bucket})
+
+
+def _manifest(paths: list[Path]) -> dict:
+    return json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+
+
+def test_export_from_db_uses_the_tuned_winner(user_db: Path, tmp_path: Path) -> None:
+    _add_winner(user_db, _key(bucket=1024), CLUSTER, median_us=12.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DefaultConfigWarning)
+        paths = export_from_db(16384, "bf16", tmp_path / "out")
+    manifest = _manifest(paths)
+    assert KernelConfig.from_dict(manifest["config"]) == CLUSTER
+    assert manifest["source"] == "user"
+    assert manifest["metrics"]["median_us"] == 12.5
+    assert manifest["tuned_for"]["device"] == H200.fingerprint
+    assert manifest["tuned_for"]["rows_bucket"] == 1024
+    assert render(CLUSTER, Problem(16384, "bfloat16")).source in paths[0].read_text()
+
+
+def test_export_from_db_picks_exact_bucket_or_else_the_largest(
+    user_db: Path, tmp_path: Path
+) -> None:
+    _add_winner(user_db, _key(bucket=256), PERSISTENT)
+    _add_winner(user_db, _key(bucket=4096), CLUSTER)
+    assert _manifest(export_from_db(16384, "bfloat16", tmp_path / "a"))["config"] == (
+        CLUSTER.to_dict()
+    )
+    exact = _manifest(export_from_db(16384, "bfloat16", tmp_path / "b", rows=200))
+    assert exact["config"] == PERSISTENT.to_dict() and exact["source"] == "user"
+    near = _manifest(export_from_db(16384, "bfloat16", tmp_path / "c", rows=3000))
+    assert near["config"] == CLUSTER.to_dict() and near["source"] == "user-nearest"
+
+
+def test_export_from_db_matches_problem_flags_and_version(user_db: Path, tmp_path: Path) -> None:
+    _add_winner(user_db, _key(has_bias=False), PERSISTENT)
+    _add_winner(user_db, _key(version="0.0.1+000000000000"), PERSISTENT)
+    _add_winner(user_db, _key(), CLUSTER)
+    assert _manifest(export_from_db(16384, "bfloat16", tmp_path / "a"))["config"] == (
+        CLUSTER.to_dict()
+    )
+    nobias = _manifest(export_from_db(16384, "bfloat16", tmp_path / "b", has_bias=False))
+    assert nobias["config"] == PERSISTENT.to_dict()
+    assert nobias["basename"] == "autonorm_ln_bf16_h16384_nobias"
+
+
+def test_export_from_db_device_choice(
+    user_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stamps = iter(["2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00"] * 4)
+    monkeypatch.setattr("autonorm.db._utc_now", lambda: next(stamps))
+    a100_config = KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)
+    _add_winner(user_db, _key(H200), CLUSTER)
+    _add_winner(user_db, _key(A100), a100_config, device=A100)  # tuned last: the most recent
+    latest = _manifest(export_from_db(16384, "bfloat16", tmp_path / "a"))
+    assert latest["config"] == a100_config.to_dict()
+    assert latest["tuned_for"]["device"] == A100.fingerprint
+    assert latest["device_limits"]["cc"] == 80
+    chosen = _manifest(export_from_db(16384, "bfloat16", tmp_path / "b",
+                                      device_fingerprint=H200.fingerprint))
+    assert chosen["config"] == CLUSTER.to_dict()
+
+
+def test_export_from_db_prefers_user_then_shipped(
+    user_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = tmp_path / "shipped.db"
+    _add_winner(shipped, _key(hidden=4096), PERSISTENT)
+    _add_winner(shipped, _key(hidden=16384), PERSISTENT)
+    _add_winner(user_db, _key(hidden=16384), CLUSTER)
+    monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB")
+    monkeypatch.setenv("AUTONORM_SHIPPED_DB", str(shipped))
+    user = _manifest(export_from_db(16384, "bfloat16", tmp_path / "a"))
+    assert user["source"] == "user" and user["config"] == CLUSTER.to_dict()
+    only_shipped = _manifest(export_from_db(4096, "bfloat16", tmp_path / "b"))
+    assert only_shipped["source"] == "shipped"
+    assert only_shipped["config"] == PERSISTENT.to_dict()
+
+
+def test_export_from_db_falls_back_to_default_and_says_so(user_db: Path, tmp_path: Path) -> None:
+    _add_winner(user_db, _key(version="0.0.1+000000000000"), CLUSTER)  # stale: ignored
+    with pytest.warns(DefaultConfigWarning, match="nothing is tuned"):
+        paths = export_from_db(16384, "bfloat16", tmp_path / "out")
+    manifest = _manifest(paths)
+    problem = Problem(16384, "bfloat16")
+    assert manifest["source"] == "default"
+    assert KernelConfig.from_dict(manifest["config"]) == default_config(problem)
+    assert manifest["metrics"] is None and manifest["tuned_for"] is None
+    levels = {note["level"]: note["message"] for note in manifest["notes"]}
+    assert "untuned default configuration" in levels["warning"]
+    assert "other autonorm versions" in levels["info"]
+    assert [p.name for p in paths] == [
+        "autonorm_ln_bf16_h16384.cu", "autonorm_ln_bf16_h16384.h", "autonorm_ln_bf16_h16384.json"
+    ]
+
+
+def test_export_from_db_skips_a_winner_invalid_on_its_device(
+    user_db: Path, tmp_path: Path
+) -> None:
+    # 131 KB of shared memory: too much for a device that allows 100 KB.
+    small = DeviceInfo("Small GPU", 90, 100, 1 << 25, 100_000, 4096, 1_000_000)
+    _add_winner(user_db, _key(small, dtype="float16", hidden=65536), BIG_SMEM, device=small)
+    with pytest.warns(DefaultConfigWarning):
+        manifest = _manifest(export_from_db(65536, "fp16", tmp_path / "out"))
+    assert manifest["source"] == "default"
+
+
+# -- GPU: the exported kernel equals the in-process one, bit for bit -------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, CLUSTER, PERSISTENT], ids=["default", "cluster",
+                                                                     "persistent"])
+def test_exported_kernel_matches_in_process_kernel_bitwise(
+    tmp_path: Path, config: KernelConfig | None
+) -> None:
+    cupy = pytest.importorskip("cupy")
+    nvcc = _nvcc()
+    from autonorm.device import query_device
+
+    info = query_device()
+    limits = info.limits()
+    problem = Problem(16384, "bfloat16")
+    config = config or default_config(problem, limits)
+    if check(config, problem, limits):
+        pytest.skip(f"{config.label()} cannot run on {info.name}")
+    rows, eps = 300, 1e-5
+
+    paths = export_kernel(config, problem, tmp_path, device=limits)
+    basename = default_basename(problem)
+    lib = tmp_path / "libexport.so"
+    _run(
+        [nvcc, f"-arch={info.arch}", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+         "-DEXPORT_DRIVER_NO_MAIN", "-I", str(tmp_path), *_driver_defines(basename),
+         "-o", str(lib), str(DRIVER), paths[0].name],
+        tmp_path,
+    )
+    so = ctypes.CDLL(str(lib))
+    forward = so.export_driver_forward
+    forward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float, ctypes.c_void_p]
+    forward.restype = ctypes.c_int
+
+    rng = np.random.default_rng(0)
+    x = cupy.asarray(_bf16_bits(rng.normal(3.0, 2.0, (rows, problem.hidden))))
+    w = cupy.asarray(_bf16_bits(rng.normal(1.0, 0.5, problem.hidden)))
+    b = cupy.asarray(_bf16_bits(rng.normal(0.0, 0.5, problem.hidden)))
+    y_exported = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)  # NaN poison
+    y_in_process = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
+
+    err = forward(x.data.ptr, w.data.ptr, b.data.ptr, y_exported.data.ptr, rows, eps, None)
+    assert err == 0, f"exported launcher returned cudaError {err}"
+    cupy.cuda.runtime.deviceSynchronize()
+
+    kernel = compiler.compile_kernel(render(config, problem, limits))
+    kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y_in_process.data.ptr, rows, eps)
+    cupy.cuda.runtime.deviceSynchronize()
+
+    assert not bool((y_in_process == 0xFFFF).any()), "in-process kernel left rows unwritten"
+    assert bool(cupy.array_equal(y_exported, y_in_process)), "outputs differ"
+
+    # Validation on a real device: a misaligned pointer and rows < 0 launch nothing.
+    invalid = 1  # cudaErrorInvalidValue
+    assert forward(x.data.ptr + 2, w.data.ptr, b.data.ptr, y_exported.data.ptr, rows, eps,
+                   None) == invalid
+    assert forward(x.data.ptr, w.data.ptr, b.data.ptr, y_exported.data.ptr, -1, eps,
+                   None) == invalid
+    assert forward(x.data.ptr, w.data.ptr, b.data.ptr, y_exported.data.ptr, 0, eps, None) == 0

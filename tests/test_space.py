@@ -1,0 +1,458 @@
+"""Tests of the search space (autonorm.space): validity rules, enumeration, defaults. CPU only."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from autonorm import space
+from autonorm.space import (
+    CLUSTERS,
+    DTYPES,
+    H200,
+    ROWS_PER_BLOCK,
+    THREADS,
+    ConfigError,
+    DeviceLimits,
+    KernelConfig,
+    Problem,
+    check,
+    default_config,
+    derive_shape,
+    enumerate_space,
+    is_valid,
+    iter_space,
+    min_blocks_per_sm,
+    normalize_dtype,
+    require_valid,
+    rows_bucket,
+    smem_bytes,
+)
+
+BF16_4096 = Problem(4096, "bfloat16")
+
+
+def reasons_of(config: KernelConfig, problem: Problem, device: DeviceLimits = H200, **kw) -> str:
+    return "; ".join(check(config, problem, device, **kw))
+
+
+def assert_rejected(
+    config: KernelConfig, problem: Problem, needle: str, device: DeviceLimits = H200, **kw
+) -> None:
+    reasons = check(config, problem, device, **kw)
+    assert reasons, f"{config.label()} on {problem} should be rejected ({needle!r})"
+    assert any(needle in r for r in reasons), f"no reason names {needle!r}: {reasons}"
+    assert not is_valid(config, problem, device)
+
+
+def assert_accepted(
+    config: KernelConfig, problem: Problem, device: DeviceLimits = H200, **kw
+) -> None:
+    assert check(config, problem, device, **kw) == [], config.label()
+
+
+# --------------------------------------------------------------------------- validity rules
+
+
+def test_vector_wider_than_16_bytes_rejected():
+    fp32 = Problem(4096, "float32")
+    bad = KernelConfig(threads=256, vec=8, cache="registers", stats="welford")
+    assert_rejected(bad, fp32, "exceeds a 16-byte access")
+    assert_accepted(dataclasses.replace(bad, vec=4), fp32)
+    # the same vec is a 16-byte access for 2-byte types
+    assert_accepted(bad, Problem(4096, "float16"))
+    assert_accepted(bad, BF16_4096)
+
+
+def test_vec_not_dividing_hidden_rejected():
+    problem = Problem(1004, "bfloat16")  # 1004 = 4 x 251
+    bad = KernelConfig(threads=128, vec=8, cache="smem", stats="welford")
+    assert_rejected(bad, problem, "does not divide hidden 1004")
+    assert_accepted(dataclasses.replace(bad, vec=4), problem)
+
+
+def test_rows_per_block_not_dividing_threads_rejected(monkeypatch):
+    # With the shipped tuples (powers of two, rows <= 32 <= threads) the rule cannot fire;
+    # widen the allowed rows to reach it.
+    monkeypatch.setattr(space, "ROWS_PER_BLOCK", (*ROWS_PER_BLOCK, 3, 64))
+    problem = Problem(64, "float32")
+    for bad in (
+        KernelConfig(threads=256, vec=1, rows_per_block=3, cache="smem", stats="welford"),
+        KernelConfig(threads=32, vec=1, rows_per_block=64, cache="smem", stats="welford"),
+    ):
+        assert_rejected(bad, problem, "rows_per_block must divide threads")
+    assert_accepted(
+        KernelConfig(threads=256, vec=1, rows_per_block=4, cache="smem", stats="welford"), problem
+    )
+
+
+def test_shipped_rows_per_block_always_divide_threads():
+    assert all(t % r == 0 for t in THREADS for r in ROWS_PER_BLOCK)
+
+
+def test_two_pass_without_cache_rejected():
+    bad = KernelConfig(threads=256, vec=8, cache="none", stats="two_pass")
+    assert_rejected(bad, BF16_4096, "two_pass statistics re-read the row")
+    assert_accepted(dataclasses.replace(bad, cache="registers"), BF16_4096)
+    assert_accepted(dataclasses.replace(bad, cache="smem"), BF16_4096)
+    assert_accepted(dataclasses.replace(bad, stats="welford"), BF16_4096)
+
+
+def test_cluster_with_several_rows_per_block_rejected():
+    problem = Problem(16384, "bfloat16")
+    bad = KernelConfig(threads=256, vec=8, rows_per_block=2, cache="smem", stats="welford",
+                       cluster=2)
+    assert_rejected(bad, problem, "rows_per_block must be 1")
+    assert_accepted(dataclasses.replace(bad, rows_per_block=1), problem)
+    assert_accepted(dataclasses.replace(bad, cluster=1), problem)
+
+
+def test_cluster_times_vec_not_dividing_hidden_rejected():
+    problem = Problem(1000, "bfloat16")  # 1000 = 8 x 125: vec 8 fits, cluster 2 x vec 8 not
+    bad = KernelConfig(threads=128, vec=8, cache="smem", stats="welford", cluster=2)
+    assert_rejected(bad, problem, "cluster x vec must divide hidden")
+    assert_accepted(dataclasses.replace(bad, vec=4), problem)
+    assert_accepted(dataclasses.replace(bad, cluster=1, threads=64), problem)
+
+
+def test_cluster_needs_hopper():
+    problem = Problem(16384, "bfloat16")
+    cfg = KernelConfig(threads=256, vec=8, cache="smem", stats="welford", cluster=2)
+    ampere = DeviceLimits(name="A100", cc=80, sm_count=108, max_smem_optin=166912)
+    assert_rejected(cfg, problem, "compute capability 9.0", ampere)
+    assert_accepted(dataclasses.replace(cfg, cluster=1), problem, ampere)
+    assert_accepted(cfg, problem)
+
+
+def test_register_cache_too_many_elements_rejected():
+    problem = Problem(16384, "bfloat16")
+    bad = KernelConfig(threads=128, vec=8, cache="registers", stats="two_pass")  # 16 x 8 elems
+    assert_rejected(bad, problem, "register row cache of 16 vectors / 128 elements")
+    assert_accepted(dataclasses.replace(bad, threads=256), problem)  # 8 x 8 = 64 elements
+    assert_accepted(dataclasses.replace(bad, cache="smem"), problem)
+
+
+def test_register_cache_too_many_vectors_rejected():
+    problem = Problem(16384, "bfloat16")
+    bad = KernelConfig(threads=512, vec=1, cache="registers", stats="two_pass")  # 32 vectors
+    assert_rejected(bad, problem, "register row cache of 32 vectors")
+    assert_accepted(dataclasses.replace(bad, vec=2), problem)  # 16 vectors x 2 = 32 elements
+
+
+def test_register_cache_fp32_elements_capped_at_32():
+    problem = Problem(16384, "float32")
+    bad = KernelConfig(threads=256, vec=4, cache="registers", stats="two_pass")  # 16 x 4 = 64
+    assert_rejected(bad, problem, "64 elements per thread (limits 16 / 32)")
+    assert_accepted(dataclasses.replace(bad, threads=512), problem)  # 8 x 4 = 32
+
+
+def test_register_cache_over_register_budget_rejected():
+    # 1024 threads leave 64 registers each; an 8-element welford cache needs about 52 + margin.
+    problem = Problem(8192, "bfloat16")
+    bad = KernelConfig(threads=1024, vec=8, cache="registers", stats="welford")
+    assert_rejected(bad, problem, "registers per thread; 1024 threads allow 64")
+    assert_accepted(dataclasses.replace(bad, threads=512), problem)
+    assert_accepted(dataclasses.replace(bad, cache="smem"), problem)
+
+
+def test_shared_memory_over_device_limit_rejected():
+    small = DeviceLimits(name="small", max_smem_optin=48 * 1024)
+    problem = Problem(16384, "bfloat16")  # a row is 32 KiB
+    bad = KernelConfig(threads=256, vec=8, rows_per_block=2, cache="smem", stats="welford")
+    assert smem_bytes(bad, problem) > small.max_smem_optin
+    assert_rejected(bad, problem, "bytes of shared memory (device opt-in limit 49152)", small)
+    assert_accepted(dataclasses.replace(bad, rows_per_block=1), problem, small)
+    assert_accepted(bad, problem)  # fits an H200
+
+
+def test_naive_stats_need_allow_unstable():
+    naive = KernelConfig(threads=256, vec=8, cache="registers", stats="naive")
+    assert_rejected(naive, BF16_4096, "stats must be one of")
+    assert_accepted(naive, BF16_4096, allow_unstable=True)
+    with pytest.raises(ConfigError, match="stats must be one of"):
+        require_valid(naive, BF16_4096)
+    require_valid(naive, BF16_4096, allow_unstable=True)
+
+
+def test_idle_threads_rejected():
+    problem = Problem(768, "bfloat16")  # 96 vectors of 8
+    bad = KernelConfig(threads=256, vec=8, cache="smem", stats="welford")
+    assert_rejected(bad, problem, "over half the threads would idle")
+    assert_accepted(dataclasses.replace(bad, threads=128), problem)
+
+
+def test_welford_cluster_at_1024_threads_rejected():
+    problem = Problem(65536, "bfloat16")
+    bad = KernelConfig(threads=1024, vec=8, cache="smem", stats="welford", cluster=2)
+    assert_rejected(bad, problem, "welford across a cluster spills at 1024 threads")
+    assert_accepted(dataclasses.replace(bad, stats="two_pass"), problem)
+    assert_accepted(dataclasses.replace(bad, threads=512), problem)
+
+
+def test_uncached_row_too_long_rejected():
+    problem = Problem(1 << 23, "float32")  # 2^23 / (1024 x 1) = 8192 vectors per thread
+    bad = KernelConfig(threads=1024, vec=1, cache="none", stats="welford")
+    assert_rejected(bad, problem, "row too long for one block without a cache")
+    assert_accepted(dataclasses.replace(bad, vec=4), problem)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("threads", 48, "threads must be one of"),
+        ("vec", 3, "vec must be one of"),
+        ("rows_per_block", 3, "rows_per_block must be one of"),
+        ("cache", "global", "cache must be one of"),
+        ("stats", "kahan", "stats must be one of"),
+        ("cluster", 16, "cluster must be one of"),
+        ("blocks_per_sm", 3, "blocks_per_sm must be one of"),
+    ],
+)
+def test_values_outside_the_space_rejected(field, value, needle):
+    base = KernelConfig(threads=256, vec=8, cache="registers", stats="welford")
+    assert_accepted(base, BF16_4096)
+    assert_rejected(dataclasses.replace(base, **{field: value}), BF16_4096, needle)
+
+
+def test_require_valid_names_every_reason():
+    bad = KernelConfig(threads=256, vec=8, rows_per_block=2, cache="none", stats="two_pass",
+                       cluster=2)
+    with pytest.raises(ConfigError) as info:
+        require_valid(bad, Problem(16384, "bfloat16"))
+    message = str(info.value)
+    assert bad.label() in message
+    assert "rows_per_block must be 1" in message
+    assert "two_pass statistics re-read the row" in message
+    assert isinstance(info.value, ValueError)
+
+
+# --------------------------------------------------------------------------- enumeration
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 4096, 65536])
+def test_enumeration_deterministic_and_valid(dtype, hidden):
+    problem = Problem(hidden, dtype)
+    configs = enumerate_space(problem)
+    assert configs, "every problem has at least one valid configuration"
+    assert configs == enumerate_space(problem)
+    assert len(set(configs)) == len(configs)
+    for cfg in configs:
+        assert check(cfg, problem) == [], cfg.label()
+        assert cfg.stats != "naive"
+    # enumeration is exactly the valid subset of the raw space, in its order
+    raw = list(iter_space())
+    index = {c: i for i, c in enumerate(raw)}
+    positions = [index[c] for c in configs]
+    assert positions == sorted(positions)
+
+
+def test_iter_space_covers_the_product():
+    raw = list(iter_space())
+    assert len(raw) == len(set(raw)) == (
+        len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(space.CACHES)
+        * len(space.STATS) * len(CLUSTERS) * len(space.BLOCKS_PER_SM)
+    )
+    assert raw == list(iter_space())
+
+
+def test_enumeration_respects_device_limits():
+    small = DeviceLimits(name="small", max_smem_optin=48 * 1024)
+    problem = Problem(16384, "bfloat16")
+    big = enumerate_space(problem)
+    little = enumerate_space(problem, small)
+    assert set(little) < set(big)
+    assert all(smem_bytes(c, problem) <= small.max_smem_optin for c in little)
+
+
+def _primes(limit: int) -> list[int]:
+    sieve = np.ones(limit + 1, dtype=bool)
+    sieve[:2] = False
+    for i in range(2, int(limit**0.5) + 1):
+        if sieve[i]:
+            sieve[i * i :: i] = False
+    return [int(p) for p in np.flatnonzero(sieve)]
+
+
+def _default_hidden_sizes() -> list[int]:
+    sizes = set(range(1, 1025))  # every small size: odd, even, prime
+    sizes.update(range(1025, 70001, 37))  # odd stride: alternating parity
+    sizes.update(_primes(70000)[::25])
+    for k in range(17):  # powers of two, their neighbours and 3 x 2^k
+        for n in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k):
+            if 1 <= n <= 70000:
+                sizes.add(n)
+    sizes.update({768, 1000, 1536, 2048, 2560, 4096, 5120, 8192, 12288, 14336, 16384, 65536,
+                  69997, 70000, 1 << 20, 3 << 20, (1 << 20) + 2, 1000003, 4 * 1000003})
+    return sorted(sizes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_config_valid_for_every_hidden_size(dtype):
+    sizes = _default_hidden_sizes()
+    assert {1, 2, 3, 65537, 1 << 20, 3 << 20} <= set(sizes)
+    bad = []
+    for hidden in sizes:
+        problem = Problem(hidden, dtype)
+        try:
+            cfg = default_config(problem)
+        except ConfigError as exc:
+            bad.append((hidden, str(exc)))
+            continue
+        reasons = check(cfg, problem)
+        if reasons or cfg.stats == "naive":
+            bad.append((hidden, cfg.label(), reasons))
+    assert not bad, bad[:10]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ConfigError,
+    reason="product bug: default_config has no configuration for odd hidden > 2^22 "
+    "(cache none needs iters <= 4096 and a cluster needs an even hidden)",
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_config_for_odd_hidden_beyond_4m(dtype):
+    problem = Problem((1 << 22) + 1, dtype)
+    assert check(default_config(problem), problem) == []
+
+
+def test_default_config_deterministic_and_prefers_a_cache():
+    cfg = default_config(BF16_4096)
+    assert cfg == default_config(BF16_4096)
+    assert cfg.vec == 8
+    assert cfg.cache == "registers"
+    assert cfg.stats == "two_pass"
+    assert cfg.cluster == 1 and cfg.blocks_per_sm == 0
+
+
+def test_default_config_respects_small_device():
+    small = DeviceLimits(name="small", max_smem_optin=48 * 1024)
+    for hidden in (16384, 65536, 1 << 20):
+        problem = Problem(hidden, "bfloat16")
+        assert check(default_config(problem, small), problem, small) == []
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.mark.parametrize(
+    ("rows", "bucket"),
+    [(-5, 1), (0, 1), (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (1000, 1024), (1024, 1024),
+     (1025, 2048), ((1 << 20) + 1, 1 << 21)],
+)
+def test_rows_bucket(rows, bucket):
+    assert rows_bucket(rows) == bucket
+
+
+def test_rows_bucket_is_power_of_two_upper_bound():
+    for rows in range(1, 5000):
+        b = rows_bucket(rows)
+        assert b & (b - 1) == 0
+        assert b >= rows
+        assert b == 1 or b // 2 < rows
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("fp32", "float32"), ("f32", "float32"), ("float", "float32"), ("float32", "float32"),
+        ("fp16", "float16"), ("f16", "float16"), ("half", "float16"), ("float16", "float16"),
+        ("bf16", "bfloat16"), ("bfloat16", "bfloat16"), ("BF16", "bfloat16"),
+        ("Float16", "float16"), ("torch.bfloat16", "bfloat16"), ("torch.float16", "float16"),
+    ],
+)
+def test_normalize_dtype_aliases(alias, name):
+    assert normalize_dtype(alias) == name
+
+
+def test_normalize_dtype_objects():
+    assert normalize_dtype(np.dtype("float32")) == "float32"
+    assert normalize_dtype(np.dtype(np.float16)) == "float16"
+
+    class FakeTorchDtype:
+        def __str__(self) -> str:
+            return "torch.bfloat16"
+
+    assert normalize_dtype(FakeTorchDtype()) == "bfloat16"
+
+
+@pytest.mark.parametrize("bad", ["float64", "int8", "fp8", "", np.dtype("float64"), None])
+def test_normalize_dtype_rejects(bad):
+    with pytest.raises(ValueError, match="unsupported dtype .*float32, float16 and bfloat16"):
+        normalize_dtype(bad)
+
+
+@pytest.mark.parametrize("hidden", [0, -1, -4096, 1.5, "4096", None])
+def test_problem_rejects_bad_hidden(hidden):
+    with pytest.raises(ValueError, match="hidden size must be a positive integer"):
+        Problem(hidden)  # type: ignore[arg-type]
+
+
+def test_problem_normalizes_and_is_frozen():
+    p = Problem(1, "bf16")
+    assert p.dtype == "bfloat16" and p.itemsize == 2
+    assert p == Problem(1, "bfloat16") and hash(p) == hash(Problem(1, "bfloat16"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.hidden = 2  # type: ignore[misc]
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        Problem(4096, "float64")
+
+
+@pytest.mark.parametrize(
+    ("hidden", "dtype", "vec"),
+    [(4096, "float32", 4), (4096, "bfloat16", 8), (1000, "float16", 8), (1004, "float16", 4),
+     (1002, "bfloat16", 2), (7, "float32", 1), (6, "float32", 2), (1, "bfloat16", 1)],
+)
+def test_problem_max_vec(hidden, dtype, vec):
+    assert Problem(hidden, dtype).max_vec == vec
+
+
+def test_kernel_config_round_trip_and_frozen():
+    for cfg in list(iter_space())[::97]:
+        data = cfg.to_dict()
+        assert set(data) == {f.name for f in dataclasses.fields(KernelConfig)}
+        assert KernelConfig.from_dict(data) == cfg
+        assert KernelConfig.from_dict({**data, "unknown": 1, "score": 2.5}) == cfg
+    cfg = KernelConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.threads = 128  # type: ignore[misc]
+    assert {cfg: 1}[KernelConfig()] == 1
+    assert KernelConfig.from_dict({}) == KernelConfig()
+
+
+def test_kernel_config_label():
+    cfg = KernelConfig(threads=128, vec=4, rows_per_block=2, cache="smem", stats="two_pass",
+                       cluster=1, blocks_per_sm=4)
+    assert cfg.label() == "t128v4r2-smem-two_pass-c1-p4"
+    assert cfg.threads_per_row == 64
+    labels = {c.label() for c in iter_space()}
+    assert len(labels) == len(list(iter_space()))
+
+
+def test_device_limits_arch():
+    assert H200.arch == "sm_90"
+    assert DeviceLimits(cc=100).arch == "sm_100"
+
+
+def test_derive_shape():
+    shape = derive_shape(KernelConfig(threads=256, vec=8, rows_per_block=2), Problem(1000, "bf16"))
+    assert shape.segment == 1000
+    assert shape.threads_per_row == 128
+    assert shape.iters == 1  # 125 vectors over 128 threads
+    assert not shape.even
+    assert shape.cache_regs == 4
+    assert shape.smem_cache_bytes == 2 * 1000 * 2
+    cluster = derive_shape(KernelConfig(threads=256, vec=8, cluster=4), Problem(65536, "bf16"))
+    assert cluster.segment == 16384 and cluster.iters == 8 and cluster.even
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_min_blocks_per_sm_bounds(dtype):
+    problem = Problem(4096, dtype)
+    for cfg in enumerate_space(problem):
+        m = min_blocks_per_sm(cfg, problem)
+        assert 1 <= m <= 32
+        assert m * cfg.threads <= H200.max_threads_per_sm or m == 1
