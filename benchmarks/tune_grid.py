@@ -1,0 +1,79 @@
+"""Tune a grid of shapes into one DB (how tuning_db/autonorm.db is built). Run on the GPU.
+
+    AUTONORM_DB=/tmp/ship.db python benchmarks/tune_grid.py --dtypes bf16,fp32 --trials 16
+
+Every shape is tuned at rows = 2^26 / hidden (the benchmark grid). One compile pool serves all
+shapes. The DB is checkpointed out of WAL mode at the end, so the file stands alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sqlite3
+import time
+
+from autonorm import codegen, config, db, tuner
+from autonorm.compiler import CompilePool
+from autonorm.device import query_device
+from autonorm.evaluator import GpuEvaluator
+from autonorm.space import Problem, normalize_dtype, rows_bucket
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtypes", default="bf16,fp16,fp32")
+    parser.add_argument("--hidden", default="768,1024,2048,4096,8192,12288,16384,32768,65536")
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=12.0)
+    parser.add_argument("--elements", type=int, default=1 << 26)
+    args = parser.parse_args()
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+    info = query_device()
+    pool = CompilePool()
+    store = db.TuningDB.open_user()
+    store.record_device(info)
+    version = codegen.code_version()
+    for dtype in args.dtypes.split(","):
+        for hidden in map(int, args.hidden.split(",")):
+            t0 = time.monotonic()
+            problem = Problem(hidden, normalize_dtype(dtype))
+            rows = max(1, args.elements // hidden)
+            key = db.TuningKey(info.fingerprint, version, problem.dtype, hidden, True, True,
+                               rows_bucket(rows))
+            evaluator = GpuEvaluator(problem, rows, pool=pool)
+            study = tuner.study_name_for(info.fingerprint, version, problem, rows_bucket(rows))
+
+            def on_trial(cfg, outcome, number, key=key):  # noqa: ANN001
+                store.record_trial(key, cfg.to_dict(), outcome.status, error=outcome.error,
+                                   trial_number=number)
+
+            result = tuner.tune(
+                problem, evaluator, limits=info.limits(), study_name=study,
+                settings=tuner.TuneSettings(n_trials=args.trials, timeout_s=args.timeout,
+                                            finals_top=3, finals_rounds=3),
+                on_trial=on_trial, progress=False,
+            )
+            if result.best is not None and result.timing is not None:
+                t = result.timing
+                store.set_winner(key, result.best.to_dict(), {
+                    "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us,
+                    "cv": t.cv, "gbps": t.gbps, "share": t.share, "rows": rows,
+                    "trials": result.evaluated, "copy_gbps": evaluator.copy_gbps,
+                })
+                print(f"{problem.dtype:9s} {hidden:6d} {t.share * 100:5.1f}% {t.gbps:6.0f} GB/s "
+                      f"{t.median_us:7.1f} us {result.best.label()} "
+                      f"({time.monotonic() - t0:.0f} s)", flush=True)
+            else:
+                print(f"{problem.dtype} {hidden}: nothing verified {result.failures}", flush=True)
+            del evaluator
+    store.close()
+    pool.close()
+    conn = sqlite3.connect(config.user_db_path())
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+
+
+if __name__ == "__main__":
+    main()
