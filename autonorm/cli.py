@@ -27,6 +27,7 @@ from autonorm.space import (
     default_config,
     normalize_dtype,
     rows_bucket,
+    seed_configs,
 )
 
 DEFAULT_ELEMENTS = 1 << 26
@@ -189,6 +190,7 @@ def tune(
         result = tuner.tune(
             problem, evaluator, limits=limits, storage=storage, study_name=study,
             settings=tuner.TuneSettings(**settings), incumbent=incumbent, on_trial=on_trial,
+            seeds=seed_configs(problem, limits),
         )
         if result.best is None or result.timing is None:
             raise click.ClickException(

@@ -28,6 +28,7 @@ import jinja2
 
 from autonorm import config as _config
 from autonorm.codegen import RenderedKernel, code_version, render
+from autonorm.db import TuningDB, TuningKey, Winner
 from autonorm.space import (
     H200,
     DeviceLimits,
@@ -76,8 +77,9 @@ class ExportedKernel:
     manifest: dict[str, Any]
     kernel: RenderedKernel
 
+    @property
     def files(self) -> dict[str, str]:
-        """Return file name -> text, in the order they are written (.cu, .h, .json)."""
+        """File name -> text, in the order they are written (.cu, .h, .json)."""
         return {
             f"{self.basename}.cu": self.source,
             f"{self.basename}.h": self.header,
@@ -162,7 +164,8 @@ def render_export(
         basename: the file stem and launcher prefix, a C identifier
             (default :func:`default_basename`).
         provenance: extra manifest entries saying where the configuration came from (``source``,
-            ``tuned_for``, ``notes``); default ``{"source": "explicit"}``.
+            ``tuned_for``, ``notes``); default ``"source": "explicit"``, no ``tuned_for`` (null)
+            and no notes.
 
     Raises:
         autonorm.space.ConfigError: the configuration is invalid for the problem.
@@ -217,6 +220,8 @@ def render_export(
         },
         "device_limits": dataclasses.asdict(device or H200),
         "source": "explicit",
+        "tuned_for": None,
+        "notes": [],
         **(provenance or {}),
         "metrics": _jsonable(metrics) if metrics is not None else None,
     }
@@ -228,7 +233,7 @@ def write_export(exported: ExportedKernel, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in exported.files().items():
+    for name, text in exported.files.items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8", newline="\n")
         paths.append(path)
@@ -297,7 +302,13 @@ def export_from_db(
     Returns:
         The paths written: the .cu, the .h and the .json.
 
+    Raises:
+        ValueError: bad dtype, hidden size, rows or basename.
+        autonorm.errors.DatabaseError: the user database cannot be opened.
+
     """
+    if rows is not None and rows < 0:
+        raise ValueError(f"rows must be >= 0, got {rows}")
     problem = Problem(hidden, normalize_dtype(dtype), has_weight, has_bias)
     choice = find_tuned(problem, rows=rows, device_fingerprint=device_fingerprint)
     if choice.source == "default":
@@ -342,8 +353,6 @@ def find_tuned(
     The device is ``device_fingerprint``, or else, per database, the only device with a winner
     for this problem, or the one tuned most recently.
     """
-    from autonorm.db import TuningDB
-
     stores: list[TuningDB] = [TuningDB.open_user()]
     try:
         shipped = TuningDB.open_shipped()
@@ -384,7 +393,13 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _same_problem(winner: Any, problem: Problem) -> bool:
+def _describe(problem: Problem) -> str:
+    flags = (("weight", problem.has_weight), ("bias", problem.has_bias))
+    affine = [name for name, on in flags if on]
+    return f"{problem.dtype} hidden {problem.hidden} ({', '.join(affine) or 'no weight or bias'})"
+
+
+def _same_problem(winner: Winner, problem: Problem) -> bool:
     key = winner.key
     return (
         key.dtype == problem.dtype
@@ -394,7 +409,7 @@ def _same_problem(winner: Any, problem: Problem) -> bool:
     )
 
 
-def _limits(store: Any, fingerprint: str) -> DeviceLimits | None:
+def _limits(store: TuningDB, fingerprint: str) -> DeviceLimits | None:
     """Return the limits of a device recorded in ``store``, or None if it is not recorded."""
     for row in store.devices():
         if row["fingerprint"] == fingerprint:
@@ -408,9 +423,7 @@ def _limits(store: Any, fingerprint: str) -> DeviceLimits | None:
     return None
 
 
-def _problem_key(problem: Problem, device: str, version: str, rows: int) -> Any:
-    from autonorm.db import TuningKey
-
+def _problem_key(problem: Problem, device: str, version: str, rows: int) -> TuningKey:
     return TuningKey(
         device=device,
         version=version,
@@ -423,12 +436,12 @@ def _problem_key(problem: Problem, device: str, version: str, rows: int) -> Any:
 
 
 def _choose(
-    stores: list[Any], problem: Problem, rows: int | None, fingerprint: str | None
+    stores: list[TuningDB], problem: Problem, rows: int | None, fingerprint: str | None
 ) -> TunedChoice:
     """Apply :func:`find_tuned`'s lookup order to open databases (user first)."""
     version = code_version()
     # Per database: the device to export for and its winners of this problem and version.
-    candidates: list[tuple[Any, str, list[Any]]] = []
+    candidates: list[tuple[TuningDB, str, list[Winner]]] = []
     stale = 0
     for store in stores:
         same = [w for w in store.winners(fingerprint) if _same_problem(w, problem)]
@@ -438,7 +451,7 @@ def _choose(
             device = fingerprint or max(current, key=lambda w: w.tuned_at).key.device
             candidates.append((store, device, [w for w in current if w.key.device == device]))
 
-    def pick(store: Any, device: str, winner: Any, source: str) -> TunedChoice | None:
+    def pick(store: TuningDB, device: str, winner: Winner, source: str) -> TunedChoice | None:
         limits = _limits(store, device)
         config = KernelConfig.from_dict(winner.config)
         if check(config, problem, limits or H200):
@@ -488,7 +501,7 @@ def _choose(
 
 
 def _fallback(
-    stores: list[Any], problem: Problem, fingerprint: str | None, version: str, stale: int
+    stores: list[TuningDB], problem: Problem, fingerprint: str | None, version: str, stale: int
 ) -> TunedChoice:
     """Return the default configuration, with a warning note saying nothing was tuned."""
     limits = None
@@ -497,9 +510,9 @@ def _fallback(
     where = f"on device {fingerprint}" if fingerprint else "on any device"
     notes = [(
         "warning",
-        f"nothing is tuned for {problem} {where} with autonorm {version} (user and shipped "
-        "databases): exported the untuned default configuration; run `autonorm tune` on the "
-        "target GPU for a faster kernel",
+        f"nothing is tuned for {_describe(problem)} {where} with autonorm {version} (user and "
+        "shipped databases): exported the untuned default configuration; run `autonorm tune` "
+        "on the target GPU for a faster kernel",
     )]
     if stale:
         notes.append((

@@ -406,6 +406,31 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
     raise ConfigError(f"no configuration can run {problem} on {device.name}")
 
 
+def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
+    """Return structured starting points for a search: the default and its neighbours.
+
+    With a budget of a few dozen trials in a space of thousands, TPE alone often never meets
+    the good region: a 14-trial bf16 grid tune on the H200 (2026-11-29) picked winners at
+    56-73% of copy bandwidth where a hand sample had found 76-85% near the default. Seeding the
+    study with the default's neighbourhood (threads per row x0.5/x1/x2, register or shared-memory
+    cache, two-pass or Welford) gives the sampler that region first.
+    """
+    base = default_config(problem, device)
+    tpr0 = base.threads_per_row
+    seeds = [base]
+    for tpr in (tpr0, tpr0 // 2, tpr0 * 2):
+        for cache in ("registers", "smem"):
+            for stats in ("two_pass", "welford"):
+                rows = max(1, min(32, 256 // max(tpr, 1)))
+                threads = tpr * rows
+                cfg = KernelConfig(threads, base.vec, rows, cache, stats, 1, 0)
+                if tpr >= 1 and threads <= 1024 and cfg not in seeds and not check(
+                    cfg, problem, device
+                ):
+                    seeds.append(cfg)
+    return seeds
+
+
 def rows_bucket(rows: int) -> int:
     """Return the power-of-two bucket of a row count (1, 2, 4, ...; rows=0 maps to 1)."""
     if rows <= 1:

@@ -826,6 +826,7 @@ def tune(
     on_trial: Callable[[KernelConfig, Outcome, int], None] | None = None,
     progress: bool = True,
     worker_index: int | None = None,
+    seeds: Sequence[KernelConfig] = (),
 ) -> TuneResult:
     """Search the kernel space of ``problem``, then re-time the best against the incumbent.
 
@@ -846,6 +847,8 @@ def tune(
             invalid ones, measured ones and failures (not for duplicates of earlier trials).
         progress: show a progress bar on stderr.
         worker_index: index of a parallel worker; it gives the sampler a distinct seed.
+        seeds: configurations to measure first (enqueued once, when the study is new), e.g.
+            :func:`autonorm.space.seed_configs`.
 
     Returns:
         The finals winner and its timing, and counts over the whole study.
@@ -866,6 +869,9 @@ def tune(
         sampler=sampler,
         load_if_exists=True,
     )
+    if seeds and worker_index in (None, 0) and not study.get_trials(deepcopy=False):
+        for seed_config in seeds:
+            study.enqueue_trial(seed_config.to_dict(), skip_if_exists=True)
     # More trials than valid configurations cannot be measured.
     target = min(settings.n_trials, len(space.enumerate_space(problem, limits)))
     label = f"tuning h{problem.hidden} {problem.dtype}"

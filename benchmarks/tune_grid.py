@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 
-from autonorm import codegen, config, db, tuner
+from autonorm import codegen, config, db, space, tuner
 from autonorm.compiler import CompilePool
 from autonorm.device import query_device
 from autonorm.evaluator import GpuEvaluator
@@ -53,6 +53,7 @@ def main() -> None:
                 settings=tuner.TuneSettings(n_trials=args.trials, timeout_s=args.timeout,
                                             finals_top=3, finals_rounds=3),
                 on_trial=on_trial, progress=False,
+                seeds=space.seed_configs(problem, info.limits()),
             )
             if result.best is not None and result.timing is not None:
                 t = result.timing

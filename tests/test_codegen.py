@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from autonorm.space import (
     KernelConfig,
     Problem,
     enumerate_space,
+    prefetches,
     smem_bytes,
 )
 
@@ -204,6 +206,22 @@ def test_stable_variants_shift_each_row(cache, stats):
         assert "const float shift = 0.f;" not in k.source
 
 
+@pytest.mark.parametrize("stats", ["welford", "two_pass"])
+def test_prefetching_variant_shifts_each_row(stats):
+    problem = Problem(4096, "bfloat16")
+    cfg = KernelConfig(threads=256, vec=8, cache="registers", stats=stats, blocks_per_sm=2)
+    assert prefetches(cfg)
+    src = render(cfg, problem).source
+    assert "const float shift = nshift;" in src  # the shift of the row loaded ahead
+    assert "nshift = to_f(x[(size_t)row * N]);" in src
+    assert "nshift = to_f(x[(size_t)nrow * N]);" in src
+    assert "xf - shift" in src
+    plain = render(dataclasses.replace(cfg, blocks_per_sm=0), problem).source
+    assert "nshift" not in plain and "const float shift = to_f(x[row_base]);" in plain
+    naive = render(dataclasses.replace(cfg, stats="naive"), problem, allow_unstable=True).source
+    assert "const float shift = 0.f;" in naive and "xf - shift" not in naive
+
+
 def test_code_version():
     version = code_version()
     assert version.startswith(autonorm.__version__ + "+")
@@ -214,11 +232,14 @@ def test_code_version():
     assert f"rendered by autonorm {version}" in k.source
 
 
-def test_templates_hash_covers_every_template():
+def test_templates_hash_covers_the_kernel_templates():
     from autonorm import config
+    from autonorm.codegen import KERNEL_TEMPLATES
 
-    names = sorted(p.name for p in config.templates_dir().glob("*.j2"))
+    names = sorted(KERNEL_TEMPLATES)
     assert "layernorm_fwd.cu.j2" in names and "reduce.cuh.j2" in names
+    # Host-side export templates are not part of the tuned kernel's identity.
+    assert not any(n.startswith("export") for n in names)
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode())

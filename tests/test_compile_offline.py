@@ -26,6 +26,7 @@ from autonorm.space import (
     Problem,
     default_config,
     enumerate_space,
+    prefetches,
 )
 
 requires_nvcc = pytest.mark.skipif(
@@ -40,19 +41,24 @@ MIN_KERNELS = 50
 AFFINE = ((True, False), (False, True), (False, False))
 
 
-def sample_configs(problem: Problem, n: int, rng: random.Random) -> list[KernelConfig]:
-    """``n`` valid configurations, spread over the (cache, stats, cluster) variants.
+def variant(cfg: KernelConfig) -> tuple[str, str, bool, bool]:
+    """The template branches a configuration takes: cache, stats, cluster, prefetch."""
+    return (cfg.cache, cfg.stats, cfg.cluster > 1, prefetches(cfg))
 
-    ``blocks_per_sm`` changes only the grid, not the code, so configurations that differ only
-    there count once.
+
+def sample_configs(problem: Problem, n: int, rng: random.Random) -> list[KernelConfig]:
+    """``n`` valid configurations, spread over the code variants (see :func:`variant`).
+
+    ``blocks_per_sm`` changes the code only through :func:`autonorm.space.prefetches`, so
+    configurations that differ only there count once.
     """
     groups: dict[tuple, list[KernelConfig]] = defaultdict(list)
     seen = set()
     for cfg in enumerate_space(problem):
-        code = dataclasses.replace(cfg, blocks_per_sm=0)
+        code = (dataclasses.replace(cfg, blocks_per_sm=0), prefetches(cfg))
         if code not in seen:
             seen.add(code)
-            groups[(cfg.cache, cfg.stats, cfg.cluster > 1)].append(cfg)
+            groups[variant(cfg)].append(cfg)
     for members in groups.values():
         rng.shuffle(members)
     keys = sorted(groups)
@@ -133,7 +139,7 @@ def test_sweep_compiles_without_spills(sweep_results, dtype):
             bucket.append(f"{dtype} hidden={k.problem.hidden} {k.config.label()}: "
                           f"{report.registers} regs, {report.stack_frame} B frame, "
                           f"{report.spill_stores} B spill stores, {report.spill_loads} B loads")
-    variants = {(k.config.cache, k.config.stats, k.config.cluster > 1) for k in kernels}
+    variants = {variant(k.config) for k in kernels}
     print(f"\n{dtype}: nvcc compiled {len(kernels)} kernels for sm_90 "
           f"({len(variants)} variants), {len(spilled)} unexpected spills, "
           f"{len(tolerated)} known")
@@ -152,8 +158,9 @@ def test_sweep_includes_defaults_and_every_variant():
         for hidden in SWEEP_HIDDEN:
             problem = Problem(hidden, dtype)
             assert (problem, default_config(problem)) in configs
-        variants = {(k.config.cache, k.config.stats, k.config.cluster > 1) for k in kernels}
-        assert len(variants) == 10, variants  # 3 caches x 2 stats - (none, two_pass), x cluster
+        variants = {variant(k.config) for k in kernels}
+        # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register caches
+        assert len(variants) == 14, sorted(variants)
 
 
 # --------------------------------------------------------------------------- parse_ptxas

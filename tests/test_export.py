@@ -102,6 +102,13 @@ def _bf16_bits(values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint16)
 
 
+def _bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Return ``values`` rounded to a 16-bit ``dtype`` (bfloat16 or float16) as uint16 bits."""
+    if dtype == "bfloat16":
+        return _bf16_bits(values)
+    return values.astype(np.float16).view(np.uint16)
+
+
 # -- rendering (pure) -------------------------------------------------------------------------
 
 
@@ -116,13 +123,13 @@ def test_render_is_pure_and_deterministic(tmp_path: Path) -> None:
     problem = Problem(16384, "bfloat16")
     first = render_export(CLUSTER, problem, metrics={"median_us": 3.0})
     again = render_export(CLUSTER, problem, metrics={"median_us": 3.0})
-    assert first.files() == again.files()
+    assert first.files == again.files
     assert not list(tmp_path.iterdir())
     paths = export.write_export(first, tmp_path)
     assert [p.name for p in paths] == [
         "autonorm_ln_bf16_h16384.cu", "autonorm_ln_bf16_h16384.h", "autonorm_ln_bf16_h16384.json"
     ]
-    assert {p.name: p.read_text() for p in paths} == first.files()
+    assert {p.name: p.read_text() for p in paths} == first.files
 
 
 def test_source_holds_the_rendered_kernel_verbatim_after_its_header() -> None:
@@ -136,7 +143,9 @@ def test_source_holds_the_rendered_kernel_verbatim_after_its_header() -> None:
     assert "#ifndef MY_LN_H_" in exported.header and "#endif  // MY_LN_H_" in exported.header
 
 
-@pytest.mark.parametrize(("weight", "bias"), [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize(
+    ("weight", "bias"), [(True, True), (True, False), (False, True), (False, False)]
+)
 def test_weight_and_bias_parameters_exist_only_for_the_problem(weight: bool, bias: bool) -> None:
     problem = Problem(4096, "bfloat16", weight, bias)
     exported = render_export(default_config(problem), problem)
@@ -206,6 +215,7 @@ def test_manifest_round_trips_config_and_carries_metrics(tmp_path: Path) -> None
     assert manifest["function"] == "autonorm_ln_bf16_h16384_forward"
     assert manifest["metrics"] == {"median_us": 21.5, "gbps": 3121.0, "share": 0.91, "cv": None}
     assert manifest["source"] == "explicit"
+    assert manifest["tuned_for"] is None and manifest["notes"] == []
     launch = manifest["launch"]
     plan = LaunchPlan(**{k: launch[k] for k in
                          ("threads", "smem_bytes", "cluster", "rows_per_block", "blocks_per_sm")})
@@ -326,7 +336,7 @@ def test_export_from_db_picks_exact_bucket_or_else_the_largest(
     )
     exact = _manifest(export_from_db(16384, "bfloat16", tmp_path / "b", rows=200))
     assert exact["config"] == PERSISTENT.to_dict() and exact["source"] == "user"
-    near = _manifest(export_from_db(16384, "bfloat16", tmp_path / "c", rows=3000))
+    near = _manifest(export_from_db(16384, "bfloat16", tmp_path / "c", rows=1500))
     assert near["config"] == CLUSTER.to_dict() and near["source"] == "user-nearest"
 
 
@@ -406,11 +416,21 @@ def test_export_from_db_skips_a_winner_invalid_on_its_device(
 # -- GPU: the exported kernel equals the in-process one, bit for bit -------------------------
 
 
+GPU_BF16 = Problem(16384, "bfloat16")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, CLUSTER, PERSISTENT], ids=["default", "cluster",
-                                                                     "persistent"])
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        pytest.param(None, GPU_BF16, id="bf16-default"),
+        pytest.param(CLUSTER, GPU_BF16, id="bf16-cluster"),
+        pytest.param(PERSISTENT, GPU_BF16, id="bf16-persistent"),
+        pytest.param(BIG_SMEM, Problem(65536, "float16"), id="fp16-big-smem"),
+    ],
+)
 def test_exported_kernel_matches_in_process_kernel_bitwise(
-    tmp_path: Path, config: KernelConfig | None
+    tmp_path: Path, config: KernelConfig | None, problem: Problem
 ) -> None:
     cupy = pytest.importorskip("cupy")
     nvcc = _nvcc()
@@ -418,7 +438,6 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
 
     info = query_device()
     limits = info.limits()
-    problem = Problem(16384, "bfloat16")
     config = config or default_config(problem, limits)
     if check(config, problem, limits):
         pytest.skip(f"{config.label()} cannot run on {info.name}")
@@ -439,10 +458,11 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
     forward.restype = ctypes.c_int
 
     rng = np.random.default_rng(0)
-    x = cupy.asarray(_bf16_bits(rng.normal(3.0, 2.0, (rows, problem.hidden))))
-    w = cupy.asarray(_bf16_bits(rng.normal(1.0, 0.5, problem.hidden)))
-    b = cupy.asarray(_bf16_bits(rng.normal(0.0, 0.5, problem.hidden)))
-    y_exported = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)  # NaN poison
+    x = cupy.asarray(_bits(rng.normal(3.0, 2.0, (rows, problem.hidden)), problem.dtype))
+    w = cupy.asarray(_bits(rng.normal(1.0, 0.5, problem.hidden), problem.dtype))
+    b = cupy.asarray(_bits(rng.normal(0.0, 0.5, problem.hidden), problem.dtype))
+    # Poisoned with 0xFFFF (NaN in bf16 and fp16), so an unwritten element shows.
+    y_exported = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
     y_in_process = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
 
     err = forward(x.data.ptr, w.data.ptr, b.data.ptr, y_exported.data.ptr, rows, eps, None)

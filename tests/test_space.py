@@ -148,6 +148,20 @@ def test_register_cache_fp32_elements_capped_at_32():
     assert_accepted(dataclasses.replace(bad, threads=512), problem)  # 8 x 4 = 32
 
 
+def test_prefetching_register_cache_holds_half_the_vectors():
+    # a persistent grid with a register cache keeps the next row too (space.prefetches)
+    problem = Problem(4096, "float16")
+    plain = KernelConfig(threads=256, vec=1, cache="registers", stats="welford")  # 16 vectors
+    bad = dataclasses.replace(plain, blocks_per_sm=2)
+    assert space.prefetches(bad) and not space.prefetches(plain)
+    assert not space.prefetches(dataclasses.replace(bad, cache="smem"))
+    assert_accepted(plain, problem)
+    assert_rejected(bad, problem, "register row cache of 16 vectors / 16 elements per thread "
+                                  "(limits 8 / 64)")
+    assert_accepted(dataclasses.replace(bad, vec=2), problem)  # 8 vectors
+    assert space.register_estimate(bad, problem) > space.register_estimate(plain, problem)
+
+
 def test_register_cache_over_register_budget_rejected():
     # 1024 threads leave 64 registers each; an 8-element welford cache needs about 52 + margin.
     problem = Problem(8192, "bfloat16")
