@@ -249,7 +249,12 @@ def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimi
     """
     # 32 registers of margin: with 0 or 16 ptxas still spilled some (420-kernel sweeps).
     need = -(-register_estimate(config, problem) // 8) * 8 + 32
-    by_regs = device.regs_per_sm // (config.threads * need)
+    # Registers are allocated per warp-scheduler quarter of the SM (regs_per_sm / 4 each), so
+    # count warps per quarter: with one-warp blocks the whole-SM division promised ~100
+    # registers where ptxas could give 96 and spilled (fp32 sweep of 9,156 kernels).
+    warps = max(1, config.threads // 32)
+    warps_per_quarter = (device.regs_per_sm // 4) // (32 * need)
+    by_regs = (4 * warps_per_quarter) // warps
     return max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
 
 
@@ -304,6 +309,10 @@ def check(
             reasons.append("a cluster splits one row: rows_per_block must be 1")
         if problem.hidden % (config.cluster * config.vec):
             reasons.append("cluster x vec must divide hidden so every block gets whole vectors")
+    if config.rows_per_block > 1 and shape_rows_over_warps(config) and config.rows_per_block > 15:
+        # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
+        # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
+        reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
     if config.stats == "two_pass" and config.cache == "none":
         reasons.append("two_pass statistics re-read the row: they need a row cache")
 
@@ -349,6 +358,11 @@ def check(
     if config.cache == "none" and shape.iters > 4096:
         reasons.append("row too long for one block without a cache: use a cluster")
     return reasons
+
+
+def shape_rows_over_warps(config: KernelConfig) -> bool:
+    """True when each row of the block spans more than one warp (rows use named barriers)."""
+    return config.threads // max(config.rows_per_block, 1) > 32
 
 
 def is_valid(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
