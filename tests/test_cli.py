@@ -1,0 +1,171 @@
+"""CPU tests of the ``autonorm`` command line (click's CliRunner, plus one real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from autonorm import cli, codegen
+from autonorm.db import TuningDB, TuningKey
+from autonorm.space import KernelConfig, Problem, default_config
+
+COMMANDS = ["tune", "show", "export", "render"]
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    """A CliRunner with an empty tmp user DB and the shipped DB disabled."""
+    monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
+    monkeypatch.setenv("AUTONORM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
+    monkeypatch.delenv("AUTONORM_SHIPPED_DB", raising=False)
+    return CliRunner()
+
+
+def _no_gpu(monkeypatch):
+    """Make sure no GPU is seen here, even if CuPy happens to be installed."""
+    import autonorm.device
+
+    def query_device(device_id=None):  # noqa: ARG001
+        raise autonorm.device.NoGPUError("no CUDA GPU found on this machine")
+
+    monkeypatch.setattr(autonorm.device, "query_device", query_device)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_module_entry_point_help():
+    env = {**os.environ, "AUTONORM_NO_SHIPPED_DB": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "autonorm", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for command in COMMANDS:
+        assert command in proc.stdout
+
+
+def test_group_help(runner):
+    result = runner.invoke(cli.main, ["--help"])
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(runner, command):
+    result = runner.invoke(cli.main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert f"Usage: main {command}" in result.output or f"{command} [OPTIONS]" in result.output
+
+
+def test_render_prints_cuda_source(runner):
+    result = runner.invoke(
+        cli.main, ["render", "--hidden", "1000", "--dtype", "fp32", "--cache", "smem"]
+    )
+    assert result.exit_code == 0, result.output
+    problem = Problem(1000, "float32", True, True)
+    config = KernelConfig.from_dict({**default_config(problem).to_dict(), "cache": "smem"})
+    name = codegen.kernel_name(config, problem)
+    assert name in result.output
+    assert "__global__" in result.output
+
+
+def test_render_impossible_combination(runner):
+    result = runner.invoke(
+        cli.main, ["render", "--hidden", "1000", "--vec", "8", "--dtype", "fp32"]
+    )
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = _lines(result.output)
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("Error:")
+    assert "vec" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_render_bad_dtype(runner):
+    result = runner.invoke(cli.main, ["render", "--hidden", "1024", "--dtype", "int8"])
+    assert result.exit_code == 2
+    assert "int8" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_tune_needs_gpu(runner, monkeypatch):
+    _no_gpu(monkeypatch)
+    result = runner.invoke(cli.main, ["tune", "--hidden", "16384"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit)
+    assert "needs a CUDA GPU" in result.output
+
+
+def test_tune_hidden_zero(runner, monkeypatch):
+    _no_gpu(monkeypatch)
+    result = runner.invoke(cli.main, ["tune", "--hidden", "0"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SystemExit)
+    assert "hidden" in result.output
+
+
+def test_show_empty(runner, monkeypatch):
+    _no_gpu(monkeypatch)
+    result = runner.invoke(cli.main, ["show"])
+    assert result.exit_code == 0, result.output
+    assert "no tuned kernels" in result.output
+
+
+def test_show_all_devices_json(runner, tmp_path):
+    key = TuningKey(
+        device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
+        version=codegen.code_version(),
+        dtype="bfloat16",
+        hidden=4096,
+        has_weight=True,
+        has_bias=False,
+        rows_bucket=16384,
+    )
+    config = KernelConfig(256, 8, 2, "registers", "two_pass", 1, 0).to_dict()
+    with TuningDB(tmp_path / "user.db") as store:
+        store.set_winner(key, config, {"median_us": 12.5, "gbps": 4000.0, "share": 0.9})
+    result = runner.invoke(cli.main, ["show", "--all-devices", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["source"] == "user"
+    assert row["device"] == key.device
+    assert (row["dtype"], row["hidden"], row["has_bias"], row["rows_bucket"]) == (
+        "bfloat16",
+        4096,
+        False,
+        16384,
+    )
+    assert row["config"] == config
+    assert row["metrics"]["median_us"] == 12.5
+
+
+def test_export_default_config(runner, tmp_path):
+    from autonorm.export import DefaultConfigWarning
+
+    out = tmp_path / "out"
+    with pytest.warns(DefaultConfigWarning, match="nothing is tuned"):
+        result = runner.invoke(
+            cli.main, ["export", "--hidden", "4096", "--dtype", "bf16", "-o", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    suffixes = sorted(p.suffix for p in out.iterdir())
+    assert suffixes == [".cu", ".h", ".json"]
+    manifest = json.loads(next(out.glob("*.json")).read_text())
+    assert manifest.get("source") == "default"
+    assert "__global__" in next(out.glob("*.cu")).read_text()
