@@ -59,6 +59,13 @@ def from_float64(values: Any, dtype: str) -> Any:
         f32 = values.astype(xp.float32)
         bits = f32.view(xp.uint32)
         rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+        # Rounding twice (float64 -> float32 -> bf16) breaks ties the float32 step created: a
+        # value just above a bf16 half-way point can land on it and then round to even. Where the
+        # float32 bits sit exactly half-way, the float64 residue decides the direction.
+        residue = values - f32.astype(xp.float64)
+        tie = ((bits & 0xFFFF) == 0x8000) & (residue != 0)
+        away = (residue > 0) == (f32 > 0)  # the true value lies beyond the tie, away from zero
+        rounded = xp.where(tie, (bits >> 16) + away.astype(xp.uint32), rounded)
         nan = xp.isnan(f32)
         out = rounded.astype(xp.uint16)
         out[nan] = 0x7FC0

@@ -355,8 +355,6 @@ def check(
         reasons.append(
             f"needs {need} bytes of shared memory (device opt-in limit {device.max_smem_optin})"
         )
-    if config.cache == "none" and shape.iters > 4096:
-        reasons.append("row too long for one block without a cache: use a cluster")
     return reasons
 
 

@@ -202,15 +202,14 @@ def test_bf16_every_pattern_round_trips():
     assert values[0x7F80] == np.inf and values[0xFF80] == -np.inf
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="product bug: from_float64 rounds float64 -> float32 -> bfloat16 (double rounding), "
-    "so a value just above a bf16 half-way point that float32 rounds onto it goes down",
-)
 def test_bf16_rounding_from_float64_is_correctly_rounded():
+    # Found by this test (double rounding through float32), fixed in from_float64.
     # 1 + 2^-8 is half-way between bf16 1.0 and 1.0078125; 2^-40 above it must round up.
     assert bf16_of(1.0 + 2.0**-8 + 2.0**-40) == 0x3F81
+    assert bf16_of(1.0 + 2.0**-8 - 2.0**-40) == 0x3F80
+    assert bf16_of(-(1.0 + 2.0**-8 + 2.0**-40)) == 0xBF81
+    assert bf16_of(1.0 + 2.0**-8) == 0x3F80  # an exact tie still rounds to even
+    assert bf16_of(1.0 + 3 * 2.0**-8) == 0x3F82
 
 
 def test_fp16_every_pattern_round_trips():
