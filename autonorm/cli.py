@@ -107,21 +107,13 @@ def _tuning_parts(problem: Problem, rows: int, quiet: bool = False) -> tuple[Any
     info = query_device()
     store = db.TuningDB.open_user()
     store.record_device(info)
-    key = db.TuningKey(
-        device=info.fingerprint, version=codegen.code_version(), dtype=problem.dtype,
-        hidden=problem.hidden, has_weight=problem.has_weight, has_bias=problem.has_bias,
-        rows_bucket=rows_bucket(rows),
-    )
+    key = db.TuningKey.for_problem(info.fingerprint, codegen.code_version(), problem, rows)
     evaluator = GpuEvaluator(problem, rows, pool=CompilePool())
 
     def on_trial(config: KernelConfig, outcome: Any, number: int) -> None:
         metrics = None
         if outcome.timing is not None:
-            t = outcome.timing
-            metrics = {
-                "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "cv": t.cv,
-                "gbps": t.gbps, "share": t.share, "max_rel_err": outcome.max_rel_err,
-            }
+            metrics = outcome.timing.metrics(max_rel_err=outcome.max_rel_err)
         store.record_trial(
             key, config.to_dict(), outcome.status, error=outcome.error, metrics=metrics,
             trial_number=number,
@@ -197,11 +189,7 @@ def tune(
                 f"no candidate passed verification ({result.failures}); nothing stored"
             )
         t = result.timing
-        metrics = {
-            "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us, "cv": t.cv,
-            "gbps": t.gbps, "share": t.share, "rows": rows, "trials": result.evaluated,
-            "copy_gbps": evaluator.copy_gbps,
-        }
+        metrics = t.metrics(rows=rows, trials=result.evaluated, copy_gbps=evaluator.copy_gbps)
         store.set_winner(key, result.best.to_dict(), metrics)
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are kept; run the same command to resume",

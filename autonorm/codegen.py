@@ -80,7 +80,8 @@ class RenderedKernel:
 
 
 @functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
+    """Return the Jinja environment over the templates directory (kernel and export)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(config.templates_dir())),
         undefined=jinja2.StrictUndefined,
@@ -167,7 +168,7 @@ def render(
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
     }
-    source = _environment().get_template(TEMPLATE).render(**context)
+    source = template_environment().get_template(TEMPLATE).render(**context)
     plan = LaunchPlan(
         threads=config_.threads,
         smem_bytes=smem_bytes(config_, problem),

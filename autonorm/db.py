@@ -38,7 +38,7 @@ from autonorm import config as _config
 from autonorm.device import DeviceInfo
 from autonorm.errors import CorruptDatabaseWarning, DatabaseError
 from autonorm.results import FAILURE_CLASSES
-from autonorm.space import DTYPES, KernelConfig
+from autonorm.space import DTYPES, KernelConfig, Problem, rows_bucket
 
 SCHEMA_VERSION = 2
 
@@ -108,6 +108,19 @@ class TuningKey:
             raise ValueError(f"hidden must be positive, got {self.hidden}")
         if self.rows_bucket < 1 or self.rows_bucket & (self.rows_bucket - 1):
             raise ValueError(f"rows_bucket must be a power of two, got {self.rows_bucket}")
+
+    @classmethod
+    def for_problem(cls, device: str, version: str, problem: Problem, rows: int) -> TuningKey:
+        """Return the key of ``problem`` at ``rows`` rows (bucketed) on a device and version."""
+        return cls(
+            device=device,
+            version=version,
+            dtype=problem.dtype,
+            hidden=problem.hidden,
+            has_weight=problem.has_weight,
+            has_bias=problem.has_bias,
+            rows_bucket=rows_bucket(rows),
+        )
 
 
 @dataclass(frozen=True)

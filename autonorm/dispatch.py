@@ -47,15 +47,7 @@ def choose_config(problem: Problem, rows: int, device_id: int = 0) -> Choice:
     from autonorm.device import query_device
 
     info = query_device(device_id)
-    key = db.TuningKey(
-        device=info.fingerprint,
-        version=codegen.code_version(),
-        dtype=problem.dtype,
-        hidden=problem.hidden,
-        has_weight=problem.has_weight,
-        has_bias=problem.has_bias,
-        rows_bucket=rows_bucket(rows),
-    )
+    key = db.TuningKey.for_problem(info.fingerprint, codegen.code_version(), problem, rows)
     stores = []
     try:
         stores.append(("user", db.TuningDB.open_user()))

@@ -15,7 +15,6 @@ winner of the tuning database (falling back to :func:`autonorm.space.default_con
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import re
@@ -24,10 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from autonorm import config as _config
-from autonorm.codegen import RenderedKernel, code_version, render
+from autonorm.codegen import RenderedKernel, code_version, render, template_environment
 from autonorm.db import TuningDB, TuningKey, Winner
 from autonorm.space import (
     H200,
@@ -200,7 +196,7 @@ def render_export(
         "smem_default_limit": _SMEM_DEFAULT_LIMIT,
         "diag_suppress": _DIAG_SUPPRESS,
     }
-    env = _environment()
+    env = template_environment()
     header = env.get_template(HEADER_TEMPLATE).render(**context)
     source = env.get_template(SOURCE_TEMPLATE).render(**context)
     manifest = {
@@ -368,14 +364,6 @@ def find_tuned(
 # -- internals ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_config.templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -424,15 +412,7 @@ def _limits(store: TuningDB, fingerprint: str) -> DeviceLimits | None:
 
 
 def _problem_key(problem: Problem, device: str, version: str, rows: int) -> TuningKey:
-    return TuningKey(
-        device=device,
-        version=version,
-        dtype=problem.dtype,
-        hidden=problem.hidden,
-        has_weight=problem.has_weight,
-        has_bias=problem.has_bias,
-        rows_bucket=rows_bucket(rows),
-    )
+    return TuningKey.for_problem(device, version, problem, rows)
 
 
 def _choose(

@@ -38,6 +38,13 @@ class Timing:
     share: float = 0.0
     samples: int = 0
 
+    def metrics(self, **extra: object) -> dict[str, object]:
+        """Return the timing as the metrics dict stored in the tuning DB, plus ``extra``."""
+        return {
+            "median_us": self.median_us, "p20_us": self.p20_us, "p80_us": self.p80_us,
+            "cv": self.cv, "gbps": self.gbps, "share": self.share, **extra,
+        }
+
 
 @dataclass(frozen=True)
 class Outcome:

@@ -39,8 +39,7 @@ def main() -> None:
             t0 = time.monotonic()
             problem = Problem(hidden, normalize_dtype(dtype))
             rows = max(1, args.elements // hidden)
-            key = db.TuningKey(info.fingerprint, version, problem.dtype, hidden, True, True,
-                               rows_bucket(rows))
+            key = db.TuningKey.for_problem(info.fingerprint, version, problem, rows)
             evaluator = GpuEvaluator(problem, rows, pool=pool)
             study = tuner.study_name_for(info.fingerprint, version, problem, rows_bucket(rows))
 
@@ -57,11 +56,8 @@ def main() -> None:
             )
             if result.best is not None and result.timing is not None:
                 t = result.timing
-                store.set_winner(key, result.best.to_dict(), {
-                    "median_us": t.median_us, "p20_us": t.p20_us, "p80_us": t.p80_us,
-                    "cv": t.cv, "gbps": t.gbps, "share": t.share, "rows": rows,
-                    "trials": result.evaluated, "copy_gbps": evaluator.copy_gbps,
-                })
+                store.set_winner(key, result.best.to_dict(), t.metrics(
+                    rows=rows, trials=result.evaluated, copy_gbps=evaluator.copy_gbps))
                 print(f"{problem.dtype:9s} {hidden:6d} {t.share * 100:5.1f}% {t.gbps:6.0f} GB/s "
                       f"{t.median_us:7.1f} us {result.best.label()} "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
