@@ -100,15 +100,14 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
 def _tuning_parts(problem: Problem, rows: int, quiet: bool = False) -> tuple[Any, ...]:
     """Build (device info, evaluator, limits, on_trial callback, user DB) for this process."""
     from autonorm import codegen, db
-    from autonorm.compiler import CompilePool
     from autonorm.device import query_device
-    from autonorm.evaluator import GpuEvaluator
+    from autonorm.isolation import IsolatedEvaluator, build_gpu_evaluator
 
     info = query_device()
     store = db.TuningDB.open_user()
     store.record_device(info)
     key = db.TuningKey.for_problem(info.fingerprint, codegen.code_version(), problem, rows)
-    evaluator = GpuEvaluator(problem, rows, pool=CompilePool())
+    evaluator = IsolatedEvaluator(build_gpu_evaluator, (problem, rows))
 
     def on_trial(config: KernelConfig, outcome: Any, number: int) -> None:
         metrics = None

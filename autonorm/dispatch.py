@@ -187,13 +187,14 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) 
         raise InputError(
             f"x must be a CuPy array, a torch tensor or a NumPy array, got {type(x).__name__}"
         )
-    return _layer_norm_cupy(x, weight, bias, float(eps))
+    return _layer_norm_cupy(x, weight, bias, eps)
 
 
-def _layer_norm_cupy(x: Any, weight: Any, bias: Any, eps: float) -> Any:
+def _layer_norm_cupy(x: Any, weight: Any, bias: Any, eps: Any) -> Any:
     import cupy
 
-    dtype, rows, hidden = validate(x, weight, bias, eps)
+    dtype, rows, hidden = validate(x, weight, bias, eps)  # eps checked before any float()
+    eps = float(eps)
     device_id = x.device.id
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None:

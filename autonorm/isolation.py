@@ -6,7 +6,9 @@ tuner runs kernels nobody has run before, so :class:`IsolatedEvaluator` keeps th
 (:class:`~autonorm.evaluator.GpuEvaluator` by default) in a child process and replaces the child
 when a candidate kills it, runs past its time limit, or fails to launch. The tuner sees an
 ordinary :class:`~autonorm.tuner.Evaluator`: the candidate is recorded as a ``launch`` failure
-(final, never measured again) and the study goes on in a fresh child.
+(final, never measured again) and the study goes on in a fresh child. Every launch failure
+replaces the child, even one that may have left the context usable (too many resources
+requested): launch failures are rare, and a new child costs a few seconds.
 
 The child is spawned (CUDA does not survive a fork), builds its evaluator from a picklable
 factory (a module-level function and its arguments), and answers requests over a pipe. It runs
@@ -16,13 +18,13 @@ as interrupted, not failed), and killing the group also ends the compile process
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing
 import os
 import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from multiprocessing import util
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -65,7 +67,11 @@ def build_gpu_evaluator(problem: Problem, rows: int, device_id: int = 0) -> Any:
 
 
 class _WorkerLost(Exception):
-    """The worker died or ran past its time limit; the message says which."""
+    """The worker died (the message gives its exit code) or ran past its time limit."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class IsolatedEvaluator:
@@ -115,19 +121,15 @@ class IsolatedEvaluator:
         self.start_timeout_s = float(start_timeout_s)
         self.close_timeout_s = float(close_timeout_s)
         self.pool = None
-        self.copy_gbps = 0.0
         self.restarts = 0
         self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
         self._conn: Connection | None = None
-        self._own_group = False
+        self._finalizer: util.Finalize | None = None
         self._started = 0
         # Prepared but not yet evaluated: a replacement child is asked to compile them again.
         self._pending: list[KernelConfig] = []
         self.copy_gbps = self._start()
-        # Before multiprocessing's own exit hook (atexit runs last-registered first), which
-        # would otherwise wait forever for a child that waits for requests.
-        atexit.register(self.close)
 
     # ------------------------------------------------------------------ the Evaluator protocol
 
@@ -153,9 +155,11 @@ class IsolatedEvaluator:
         try:
             kind, payload = self._request(("evaluate", config), self.timeout_s)
         except _WorkerLost as exc:
-            return Outcome("launch", error=f"{exc} while evaluating {label}"
-                           if str(exc).startswith("worker died") is False
-                           else f"worker died while evaluating {label}: {_reason(exc)}")
+            if exc.timed_out:
+                error = f"timed out: evaluating {label} took more than {self.timeout_s:g} s"
+            else:
+                error = f"worker died while evaluating {label}: {exc}"
+            return Outcome("launch", error=error + "; the worker was replaced")
         if kind == _OK:
             outcome = payload
             if isinstance(outcome, Outcome) and outcome.status == "launch":
@@ -196,8 +200,7 @@ class IsolatedEvaluator:
         return None if self._process is None else self._process.pid
 
     def close(self) -> None:
-        """Stop the child (idempotent)."""
-        atexit.unregister(self.close)
+        """Stop the child (idempotent; a later request starts a new one)."""
         self._stop()
 
     def __enter__(self) -> IsolatedEvaluator:
@@ -219,7 +222,11 @@ class IsolatedEvaluator:
         process.start()
         # Only the child may hold its end: then its death reads as end-of-file here.
         child_conn.close()
-        self._process, self._conn, self._own_group = process, parent_conn, False
+        self._process, self._conn = process, parent_conn
+        # A process that exits without close() joins its children first (multiprocessing's
+        # exit hook, in the main process and in a worker process alike) and would wait forever
+        # for this one, which waits for requests. Finalizers with a priority run before that.
+        self._finalizer = util.Finalize(self, self._stop, exitpriority=100)
         if self._started:
             self.restarts += 1
         self._started += 1
@@ -233,10 +240,9 @@ class IsolatedEvaluator:
         if kind != _READY:
             self._stop()
             raise AutonormError(f"the evaluator worker could not start:\n{payload}")
-        copy_gbps, self._own_group = payload
         if self._pending:
             self._send_quietly(("prepare", list(self._pending)))
-        return copy_gbps
+        return float(payload)
 
     def _ensure_worker(self) -> None:
         """Start a child if there is none, or replace one that exited while idle."""
@@ -272,7 +278,7 @@ class IsolatedEvaluator:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._stop(kill=True)
-                raise _WorkerLost(f"timed out after {limit_s:g} s; the worker was killed")
+                raise _WorkerLost(f"timed out after {limit_s:g} s", timed_out=True)
             ready = wait([conn, process.sentinel], timeout=left)
             if conn in ready:
                 try:
@@ -281,8 +287,7 @@ class IsolatedEvaluator:
                     pass  # its end closed: it died, reported below
             elif not ready:
                 continue
-            code = self._stop(kill=True)
-            raise _WorkerLost(f"worker died: {_describe_exit(code)}")
+            raise _WorkerLost(_describe_exit(self._stop(kill=True)))
 
     def _send_quietly(self, message: tuple) -> None:
         try:
@@ -296,16 +301,18 @@ class IsolatedEvaluator:
         if process is None:
             return None
         self._process = self._conn = None
+        if self._finalizer is not None:
+            self._finalizer.cancel()
+            self._finalizer = None
         if not kill and not _exited(process):
             try:
                 conn.send(("close",))  # type: ignore[union-attr]
             except OSError:
                 pass
             wait([process.sentinel], timeout=self.close_timeout_s)
-        if self._own_group:
-            # Also ends its compile processes, which would otherwise outlive a killed child.
-            _kill_group(process.pid)
-        elif not _exited(process):
+        # The group also holds its compile processes, which would outlive a killed child.
+        _kill_group(process.pid)
+        if not _exited(process):
             process.kill()
         process.join()
         code = process.exitcode
@@ -314,18 +321,19 @@ class IsolatedEvaluator:
         return code
 
 
-def _reason(exc: _WorkerLost) -> str:
-    """The part of a lost worker's message after ``worker died: ``."""
-    return str(exc).split(": ", 1)[-1]
-
-
 def _exited(process: Any) -> bool:
     """True when the child has exited, without reaping it (its pid stays ours until join)."""
     return bool(wait([process.sentinel], timeout=0))
 
 
 def _kill_group(pid: int) -> None:
-    """SIGKILL the process group led by child ``pid``, but only while its pid is still ours."""
+    """SIGKILL the process group led by child ``pid``, but only while its pid is still ours.
+
+    Without a group of its own (it died before making one) there is no such group: a process
+    group is named after its leader, and a pid still in use as a group's name is never reused.
+    """
+    if not (hasattr(os, "killpg") and hasattr(os, "waitid")):
+        return
     try:
         # WNOWAIT: look without reaping. A reaped pid could already name someone else's group.
         os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -356,7 +364,7 @@ def _serve(
     conn: Connection, factory: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
 ) -> None:
     """Entry point of the child: build the evaluator, then answer requests until told to stop."""
-    own_group = _leave_parent_group()
+    _leave_parent_group()
     try:
         evaluator = factory(*args, **kwargs)
         copy_gbps = float(getattr(evaluator, "copy_gbps", 0.0) or 0.0)
@@ -364,7 +372,7 @@ def _serve(
         _send_or_exit(conn, (_RAISED, _format(exc)))
         return
     try:
-        _send_or_exit(conn, (_READY, (copy_gbps, own_group)))
+        _send_or_exit(conn, (_READY, copy_gbps))
         while True:
             try:
                 request = conn.recv()
@@ -376,7 +384,7 @@ def _serve(
             if kind == "prepare":
                 try:
                     evaluator.prepare(request[1])
-                except Exception:  # noqa: BLE001, S110 - evaluate() reports a config's failure
+                except Exception:  # noqa: BLE001 - evaluate() reports a config's failure
                     pass
                 continue
             _send_or_exit(conn, _answer(evaluator, request))
@@ -393,11 +401,13 @@ def _answer(evaluator: Any, request: tuple) -> tuple[str, Any]:
             return _OK, evaluator.retime(request[1], request[2])
         raise ValueError(f"unknown request {request[0]!r}")
     except Exception as exc:  # noqa: BLE001 - the parent decides what the error means
-        return (_CUDA if _is_cuda_error(exc) else _RAISED), _format(exc)
+        if _is_cuda_error(exc):
+            return _CUDA, f"{type(exc).__name__}: {exc}"
+        return _RAISED, _format(exc)
 
 
-def _leave_parent_group() -> bool:
-    """Move into a process group of our own; return True if that worked.
+def _leave_parent_group() -> None:
+    """Move into a process group of our own, where the platform has them.
 
     A Ctrl-C in the terminal then reaches the parent only (it records the candidate as
     interrupted and kills us), instead of killing us mid-candidate, which would read as a
@@ -405,13 +415,14 @@ def _leave_parent_group() -> bool:
     """
     # Ignored signals stay ignored in the compile pool's processes too (exec keeps SIG_IGN).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not hasattr(os, "setpgid"):
-        return False
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        return False
-    return True
+    if hasattr(signal, "SIGTTOU"):
+        # A background group that writes to a terminal set to `stty tostop` would be stopped.
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass  # still isolated from Ctrl-C by SIG_IGN; only the pool may outlive a kill
 
 
 def _send_or_exit(conn: Connection, message: tuple) -> None:
