@@ -379,9 +379,8 @@ class TuningDB:
         except sqlite3.Error as exc:
             raise DatabaseError(f"cannot open tuning database {self.path}: {exc}") from exc
 
-    def _open_writable(self) -> Database:
-        assert self.path is not None
-        conn = self._connect(str(self.path))
+    def _corruption_or_close(self, conn: sqlite3.Connection) -> str | None:
+        """Return what is corrupt about an open file (None if sound); close it unless sound."""
         try:
             problem = _with_retries(lambda: _find_corruption(conn), self._describe())
         except BaseException:
@@ -389,6 +388,13 @@ class TuningDB:
             raise
         if problem is not None:
             conn.close()
+        return problem
+
+    def _open_writable(self) -> Database:
+        assert self.path is not None
+        conn = self._connect(str(self.path))
+        problem = self._corruption_or_close(conn)
+        if problem is not None:
             aside = _set_aside(self.path)
             warnings.warn(
                 f"tuning database {self.path} is corrupt ({problem}): moved it to {aside} and "
@@ -413,13 +419,8 @@ class TuningDB:
             raise DatabaseError(f"tuning database {self.path} does not exist")
         uri = self.path.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else "")
         conn = self._connect(uri, uri=True)
-        try:
-            problem = _with_retries(lambda: _find_corruption(conn), self._describe())
-        except BaseException:
-            conn.close()
-            raise
+        problem = self._corruption_or_close(conn)
         if problem is not None:
-            conn.close()
             raise DatabaseError(f"tuning database {self.path} is corrupt: {problem}")
         return Database(conn, execute_plugins=False)
 

@@ -182,6 +182,13 @@ def _launch_cold(key: tuple, args: tuple, device_id: int) -> None:
         _cached_or_fetched(key, args[4], device_id).launch(*args)
 
 
+def _affine_fits(t: torch.Tensor | None, dtype: torch.dtype, hidden: int, device_id: int) -> bool:
+    """Fast-path check of a weight or bias: absent, or (hidden,) of x's dtype on x's GPU."""
+    return t is None or (
+        t.dtype is dtype and t.shape == (hidden,) and t.get_device() == device_id and t.is_cuda
+    )
+
+
 def _forward_cuda(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
@@ -201,24 +208,8 @@ def _forward_cuda(
         and shape
         and type(eps) is float
         and eps > 0
-        and (
-            weight is None
-            or (
-                weight.dtype is dtype
-                and weight.shape == (hidden,)
-                and weight.get_device() == device_id
-                and weight.is_cuda
-            )
-        )
-        and (
-            bias is None
-            or (
-                bias.dtype is dtype
-                and bias.shape == (hidden,)
-                and bias.get_device() == device_id
-                and bias.is_cuda
-            )
-        )
+        and _affine_fits(weight, dtype, hidden, device_id)
+        and _affine_fits(bias, dtype, hidden, device_id)
     ):
         _validate(x, weight, bias, eps)
     # Aligned copies stay referenced until the launch is enqueued: freeing one earlier could
