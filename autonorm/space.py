@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from autonorm.errors import AutonormError
+
 DTypeName = Literal["float32", "float16", "bfloat16"]
 CacheKind = Literal["none", "registers", "smem"]
 StatsKind = Literal["welford", "two_pass", "naive"]
@@ -51,8 +53,8 @@ OTHER_REGS = 40
 SCRATCH_SMEM = 2 * 32 * 3 * 4 + 2 * 4 * 4
 
 
-class ConfigError(ValueError):
-    """A configuration cannot run a problem (raised by :func:`require_valid`)."""
+class ConfigError(AutonormError, ValueError):
+    """A configuration cannot run a problem, or no configuration can (unsupported hidden size)."""
 
 
 def normalize_dtype(dtype: object) -> str:
@@ -419,7 +421,10 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
         cfg = KernelConfig(1024, vec, 1, "none", "welford", cluster, 0)
         if not check(cfg, problem, device):
             return cfg
-    raise ConfigError(f"no configuration can run {problem} on {device.name}")
+    raise ConfigError(
+        f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can run it "
+        f"on {device.name}; rows whose size has no even factor are supported up to 8,388,608"
+    )
 
 
 def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
