@@ -201,6 +201,23 @@ class CompiledKernel:
         except Exception as exc:  # noqa: BLE001 - CuPy raises CUDADriverError and others
             raise LaunchError(f"launch of {self.rendered.config.label()} failed: {exc}") from exc
 
+    def launch_arrays(
+        self, x: Any, w: Any, b: Any, y: Any, rows: int, eps: float, grid: int | None = None
+    ) -> None:
+        """Launch on CuPy arrays (weight and bias may be None) on CuPy's current stream."""
+        import cupy
+
+        self.launch(
+            x.data.ptr,
+            0 if w is None else w.data.ptr,
+            0 if b is None else b.data.ptr,
+            y.data.ptr,
+            rows,
+            eps,
+            cupy.cuda.get_current_stream().ptr,
+            grid=grid,
+        )
+
 
 # CUresult codes after which the CuPy path is tried: no current context (201, 6) or a handle of
 # another context (400) on this thread.

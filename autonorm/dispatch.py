@@ -213,16 +213,7 @@ def _layer_norm_cupy(x: Any, weight: Any, bias: Any, eps: Any) -> Any:
         y = cupy.empty(x.shape, dtype=x.dtype)
         if rows == 0:
             return y
-        kernel = get_kernel(problem, rows, device_id)
-        kernel.launch(
-            xc.data.ptr,
-            0 if w is None else w.data.ptr,
-            0 if b is None else b.data.ptr,
-            y.data.ptr,
-            rows,
-            eps,
-            cupy.cuda.get_current_stream().ptr,
-        )
+        get_kernel(problem, rows, device_id).launch_arrays(xc, w, b, y, rows, eps)
     return y
 
 

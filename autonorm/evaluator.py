@@ -46,6 +46,7 @@ class GpuEvaluator:
         self.samples = samples
         self.copy_gbps = bench.copy_bandwidth_gbps(device_id)
         self._kernels: dict[KernelConfig, Any] = {}
+        self._rendered: dict[KernelConfig, codegen.RenderedKernel] = {}
         self.nbytes = bench.bytes_moved(
             rows, problem.hidden, problem.itemsize,
             int(problem.has_weight) + int(problem.has_bias),
@@ -65,7 +66,11 @@ class GpuEvaluator:
             self._b = cupy.asarray(b) if problem.has_bias else None
 
     def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
-        return codegen.render(config, self.problem, self.limits)
+        # prepare() and _compile() both need it: render each candidate once.
+        rendered = self._rendered.get(config)
+        if rendered is None:
+            rendered = self._rendered[config] = codegen.render(config, self.problem, self.limits)
+        return rendered
 
     def prepare(self, configs: Sequence[KernelConfig]) -> None:
         """Start compiling ``configs`` in the pool (no-op without a pool)."""

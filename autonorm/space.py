@@ -311,18 +311,18 @@ def check(
             reasons.append("a cluster splits one row: rows_per_block must be 1")
         if problem.hidden % (config.cluster * config.vec):
             reasons.append("cluster x vec must divide hidden so every block gets whole vectors")
-    if config.rows_per_block > 1 and shape_rows_over_warps(config) and config.rows_per_block > 15:
-        # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
-        # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
-        reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
-    if config.stats == "welford" and derive_shape(config, problem).iters * config.vec > 8192:
-        # One running mean over a very long run loses fp32 accuracy: 65536 elements per thread
-        # (32 threads, 32 rows per block, hidden 65536) measured 6e-6 against float64 (H200).
-        reasons.append("welford over more than 8192 elements per thread loses fp32 accuracy")
     if config.stats == "two_pass" and config.cache == "none":
         reasons.append("two_pass statistics re-read the row: they need a row cache")
 
     shape = derive_shape(config, problem)
+    if shape.threads_per_row > 32 and config.rows_per_block > 15:
+        # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
+        # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
+        reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
+    if config.stats == "welford" and shape.iters * config.vec > 8192:
+        # One running mean over a very long run loses fp32 accuracy: 65536 elements per thread
+        # (32 threads, 32 rows per block, hidden 65536) measured 6e-6 against float64 (H200).
+        reasons.append("welford over more than 8192 elements per thread loses fp32 accuracy")
     vectors = math.ceil(shape.segment / config.vec)
     if vectors * 2 <= shape.threads_per_row:
         reasons.append(
@@ -362,11 +362,6 @@ def check(
             f"needs {need} bytes of shared memory (device opt-in limit {device.max_smem_optin})"
         )
     return reasons
-
-
-def shape_rows_over_warps(config: KernelConfig) -> bool:
-    """True when each row of the block spans more than one warp (rows use named barriers)."""
-    return config.threads // max(config.rows_per_block, 1) > 32
 
 
 def is_valid(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:

@@ -115,16 +115,7 @@ def verify(kernel: Any, problem: Problem, *, eps: float = 1e-5, seed: int = 0) -
         bits = _BITS[dtype]
         y = cupy.full((rows + 1, n), _POISON[dtype], dtype=bits)  # NaN + a guard row
         grid = kernel.plan.cluster if case.small_grid else None
-        kernel.launch(
-            x.data.ptr,
-            0 if w is None else w.data.ptr,
-            0 if b is None else b.data.ptr,
-            y.data.ptr,
-            rows,
-            eps,
-            cupy.cuda.get_current_stream().ptr,
-            grid=grid,
-        )
+        kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
         cupy.cuda.get_current_stream().synchronize()
         if bool((y[rows] != _POISON[dtype]).any()):
             result.failures.append(f"{case.name}: wrote past the last row")
