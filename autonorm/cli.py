@@ -18,6 +18,7 @@ from autonorm.space import (
     CACHES,
     CLUSTERS,
     ROWS_PER_BLOCK,
+    STAGES,
     STATS,
     THREADS,
     VECS,
@@ -297,6 +298,8 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
 @click.option("--cluster", type=click.Choice([str(c) for c in CLUSTERS]), default=None)
 @click.option("--blocks-per-sm", type=click.Choice([str(b) for b in BLOCKS_PER_SM]),
               default=None)
+@click.option("--stages", type=click.Choice([str(s) for s in STAGES]), default=None,
+              help="tiles in flight (bulk-copy kernel only; --cache bulk defaults to 2)")
 def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
     """Print the CUDA source of one configuration (unset fields come from the default)."""
     from autonorm import codegen
@@ -305,6 +308,9 @@ def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: An
     base = default_config(problem).to_dict()
     chosen = {k: (int(v) if k not in ("cache", "stats") else v)
               for k, v in fields.items() if v is not None}
+    if chosen.get("cache") == "bulk":
+        # The bulk-copy kernel fixes its statistics and grid; it needs stages.
+        base.update(stats="two_pass", blocks_per_sm=0, stages=2)
     config = KernelConfig.from_dict({**base, **chosen})
     try:
         click.echo(codegen.render(config, problem).source, nl=False)

@@ -19,6 +19,7 @@ from autonorm.space import (
     DeviceLimits,
     KernelConfig,
     Problem,
+    bulk_occupancy,
     derive_shape,
     min_blocks_per_sm,
     prefetches,
@@ -27,9 +28,10 @@ from autonorm.space import (
 )
 
 TEMPLATE = "layernorm_fwd.cu.j2"
+BULK_TEMPLATE = "layernorm_bulk.cu.j2"  # cache="bulk": rows fetched by the bulk-copy engine
 # The templates that make a kernel's device code. Tuned results are keyed by their hash; the
 # export launcher templates are host code and do not change what was measured.
-KERNEL_TEMPLATES = ("layernorm_fwd.cu.j2", "reduce.cuh.j2")
+KERNEL_TEMPLATES = ("layernorm_fwd.cu.j2", "reduce.cuh.j2", "layernorm_bulk.cu.j2")
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _TO_FLOAT = {"float32": "a", "float16": "__half2float(a)", "bfloat16": "__bfloat162float(a)"}
@@ -49,16 +51,24 @@ class LaunchPlan:
     cluster: int
     rows_per_block: int
     blocks_per_sm: int
+    resident: bool = False
 
-    def grid(self, rows: int, sm_count: int) -> int:
+    def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
 
         With ``blocks_per_sm == 0`` every row tile gets its own block (cluster); otherwise a
-        persistent grid of about ``blocks_per_sm`` blocks per SM strides over the tiles.
+        persistent grid of about ``blocks_per_sm`` blocks per SM strides over the tiles. A
+        ``resident`` plan (the bulk-copy kernel) launches as many clusters as can be resident
+        at once, ``resident_clusters`` as the occupancy API reports it: a cluster that waits
+        for a free GPC would run its share of the tiles after everyone else (clusters of 4
+        fill only 120 of the H200's 132 SMs).
         """
         tiles = max(1, -(-rows // self.rows_per_block))
         clusters = tiles
-        if self.blocks_per_sm:
+        if self.resident:
+            cap = resident_clusters or sm_count * max(self.blocks_per_sm, 1) // self.cluster
+            clusters = min(tiles, max(1, cap))
+        elif self.blocks_per_sm:
             clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))
         return clusters * self.cluster
 
@@ -139,6 +149,9 @@ def render(
         require_valid(config_, problem, device, allow_unstable=allow_unstable)
     shape = derive_shape(config_, problem)
     name = kernel_name(config_, problem)
+    bulk = config_.cache == "bulk"
+    min_blocks = min_blocks_per_sm(config_, problem, device or H200)
+    wreg = bulk and bulk_occupancy(config_, problem, device or H200)[1]
     context = {
         "name": name,
         "ns": name + "_ns",
@@ -162,18 +175,23 @@ def render(
         "EVEN": shape.even,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config_.threads,
-        "min_blocks": min_blocks_per_sm(config_, problem, device or H200),
+        "min_blocks": min_blocks,
         "cache": config_.cache,
         "PREFETCH": prefetches(config_),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
+        "STAGES": config_.stages,
+        "WREG": wreg,
+        "stage_bytes": max(config_.stages, 1) * shape.smem_cache_bytes,
     }
-    source = template_environment().get_template(TEMPLATE).render(**context)
+    template = BULK_TEMPLATE if bulk else TEMPLATE
+    source = template_environment().get_template(template).render(**context)
     plan = LaunchPlan(
         threads=config_.threads,
         smem_bytes=smem_bytes(config_, problem),
         cluster=config_.cluster,
         rows_per_block=config_.rows_per_block,
-        blocks_per_sm=config_.blocks_per_sm,
+        blocks_per_sm=min_blocks if bulk else config_.blocks_per_sm,
+        resident=bulk,
     )
     return RenderedKernel(name, source, config_, problem, plan)

@@ -29,6 +29,7 @@ class DeviceInfo:
     mem_clock_khz: int
     regs_per_sm: int = 65536
     max_threads_per_sm: int = 2048
+    smem_per_sm: int = 233472
 
     @property
     def fingerprint(self) -> str:
@@ -58,6 +59,7 @@ class DeviceInfo:
             regs_per_sm=self.regs_per_sm,
             max_threads_per_sm=self.max_threads_per_sm,
             l2_bytes=self.l2_bytes,
+            smem_per_sm=self.smem_per_sm,
         )
 
 
@@ -112,4 +114,5 @@ def query_device(device_id: int | None = None) -> DeviceInfo:
         mem_clock_khz=int(props.get("memoryClockRate", 0)),
         regs_per_sm=int(props.get("regsPerMultiprocessor", 65536)),
         max_threads_per_sm=int(props.get("maxThreadsPerMultiProcessor", 2048)),
+        smem_per_sm=int(props.get("sharedMemPerMultiprocessor", 233472)),
     )

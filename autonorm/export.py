@@ -3,9 +3,11 @@
 The ``.cu`` holds the rendered kernel source verbatim, then a host launcher
 ``cudaError_t <basename>_forward(x, [weight,] [bias,] y, rows, eps, stream)`` with the launch
 plan baked in (threads, dynamic shared memory, the grid rule of
-:meth:`autonorm.codegen.LaunchPlan.grid`). It needs only the CUDA runtime: no Python, CuPy or
-autonorm at run time. The weight and bias parameters exist only when the problem has them, so a
-call cannot pass a tensor that the kernel would silently ignore.
+:meth:`autonorm.codegen.LaunchPlan.grid`). For a resident plan (the bulk-copy kernel) the
+launcher asks the CUDA occupancy API, once per device, how many clusters fit at once, as
+:func:`autonorm.compiler.resident_clusters` does in process. It needs only the CUDA runtime: no
+Python, CuPy or autonorm at run time. The weight and bias parameters exist only when the
+problem has them, so a call cannot pass a tensor that the kernel would silently ignore.
 
 :func:`render_export` is pure (text only, deterministic, no GPU); :func:`write_export` writes
 it; :func:`export_kernel` does both for a given configuration, and :func:`export_from_db` for the
@@ -23,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autonorm.codegen import RenderedKernel, code_version, render, template_environment
+from autonorm.codegen import (
+    LaunchPlan,
+    RenderedKernel,
+    code_version,
+    render,
+    template_environment,
+)
 from autonorm.db import TuningDB, TuningKey, Winner
 from autonorm.space import (
     H200,
@@ -124,16 +132,35 @@ def default_basename(problem: Problem) -> str:
     return name
 
 
-def describe_grid(config: KernelConfig) -> str:
-    """Return the grid rule of ``config``'s launch plan in words (for the header and manifest)."""
+def describe_grid(config: KernelConfig, plan: LaunchPlan | None = None) -> str:
+    """Return the grid rule of ``config``'s launch plan in words (for the header and manifest).
+
+    Args:
+        config: the kernel configuration.
+        plan: its launch plan (:attr:`autonorm.codegen.RenderedKernel.launch`). Only a resident
+            plan (``cache="bulk"``) needs it, to name the blocks per SM assumed when the
+            occupancy API cannot answer; without it they are called the launch-bounds minimum.
+
+    """
     tile = "row" if config.rows_per_block == 1 else f"{config.rows_per_block} rows"
     unit = "block" if config.cluster == 1 else f"cluster of {config.cluster} blocks"
+    units = "clusters" if config.cluster > 1 else "blocks"
+    if config.cache == "bulk":
+        # The bulk-copy kernel is persistent whatever config.blocks_per_sm says (0); its grid
+        # is sized by occupancy, so the rule names the query and its fallback.
+        per_sm = "SMs * " + (str(plan.blocks_per_sm) if plan else "the launch-bounds minimum")
+        if config.cluster > 1:
+            per_sm += f" / {config.cluster}"
+        return (
+            f"one {unit} per {tile}, but at most as many {units} as the CUDA occupancy API says "
+            f"can be resident at once (max(1, {per_sm}) if it cannot tell), which stride over "
+            "the rows (persistent)"
+        )
     if not config.blocks_per_sm:
         return f"one {unit} per {tile}"
     per_sm = f"SMs * {config.blocks_per_sm}"
     if config.cluster > 1:
         per_sm += f" / {config.cluster}"
-    units = "clusters" if config.cluster > 1 else "blocks"
     return (
         f"one {unit} per {tile}, but at most max(1, {per_sm}) {units}, which stride over the "
         "rows (persistent)"
@@ -174,6 +201,10 @@ def render_export(
         raise ValueError(f"basename must be a C identifier, got {basename!r}")
     kernel = render(config, problem, device)
     plan = kernel.launch
+    grid_rule = describe_grid(config, plan)
+    # Thread-block clusters and the bulk-copy engine (cp.async.bulk, mbarrier transactions)
+    # exist from compute capability 9.0 on.
+    min_cc = 90 if plan.cluster > 1 or plan.resident else None
     context = {
         "basename": basename,
         "guard": f"{basename.upper()}_H_",
@@ -192,7 +223,8 @@ def render_export(
         "rows_per_block": plan.rows_per_block,
         "cluster": plan.cluster,
         "blocks_per_sm": plan.blocks_per_sm,
-        "grid_rule": describe_grid(config),
+        "resident": plan.resident,
+        "grid_rule": grid_rule,
         "smem_default_limit": _SMEM_DEFAULT_LIMIT,
         "diag_suppress": _DIAG_SUPPRESS,
     }
@@ -211,8 +243,8 @@ def render_export(
         "kernel_name": kernel.name,
         "launch": {
             **dataclasses.asdict(plan),
-            "grid_rule": describe_grid(config),
-            "min_compute_capability": 90 if plan.cluster > 1 else None,
+            "grid_rule": grid_rule,
+            "min_compute_capability": min_cc,
         },
         "device_limits": dataclasses.asdict(device or H200),
         "source": "explicit",

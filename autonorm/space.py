@@ -21,7 +21,7 @@ from typing import Literal
 from autonorm.errors import AutonormError
 
 DTypeName = Literal["float32", "float16", "bfloat16"]
-CacheKind = Literal["none", "registers", "smem"]
+CacheKind = Literal["none", "registers", "smem", "bulk"]
 StatsKind = Literal["welford", "two_pass", "naive"]
 
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
@@ -36,10 +36,12 @@ DTYPE_ALIASES: dict[str, str] = {
 THREADS = (32, 64, 128, 256, 512, 1024)
 VECS = (1, 2, 4, 8)
 ROWS_PER_BLOCK = (1, 2, 4, 8, 16, 32)
-CACHES: tuple[str, ...] = ("none", "registers", "smem")
+CACHES: tuple[str, ...] = ("none", "registers", "smem", "bulk")
 STATS: tuple[str, ...] = ("welford", "two_pass")
 CLUSTERS = (1, 2, 4, 8)
 BLOCKS_PER_SM = (0, 1, 2, 4, 8)
+# Row tiles in flight per block of the bulk-copy kernel (cache="bulk"); 0 for the others.
+STAGES = (0, 1, 2, 3, 4, 6, 8)
 
 # Registers a thread may spend on the row cache. Beyond this ptxas spills or occupancy collapses;
 # the rest of the kernel needs about 40 registers (ptxas -v on sm_90, 2026-11-29). The compiler may
@@ -51,6 +53,22 @@ OTHER_REGS = 40
 # Shared memory the kernel needs besides the row cache: reduction scratch, 2 buffers x 32 warps x
 # 3 floats, plus the cluster exchange slots.
 SCRATCH_SMEM = 2 * 32 * 3 * 4 + 2 * 4 * 4
+# The bulk-copy kernel's registers besides weights held in registers, and the most weight/bias
+# vectors it holds per thread. ptxas -v on sm_90 (lab sweep, 2026-11-29): with weights of 8
+# vectors in registers and a cluster of 2 a 512-thread kernel fit 128 registers without spills;
+# without weights 64 registers always sufficed.
+BULK_OTHER_REGS = 40
+BULK_MAX_WEIGHT_ITERS = 8
+BULK_MAX_ITERS = 8
+
+
+def bulk_scratch_bytes(stages: int, rows_per_block: int) -> int:
+    """Shared memory of the bulk-copy kernel besides its stages.
+
+    That is the mbarriers, the reduction scratch ([2][32] floats) and the cluster exchange
+    slots ([2][rows][4] floats).
+    """
+    return stages * 8 + 2 * 32 * 4 + 2 * rows_per_block * 4 * 4
 
 
 class ConfigError(AutonormError, ValueError):
@@ -116,6 +134,7 @@ class DeviceLimits:
     regs_per_sm: int = 65536
     max_threads_per_sm: int = 2048
     l2_bytes: int = 62914560
+    smem_per_sm: int = 233472
 
     @property
     def arch(self) -> str:
@@ -143,7 +162,11 @@ class KernelConfig:
         cluster: blocks of a thread-block cluster that share one row (distributed shared
             memory merges their statistics).
         blocks_per_sm: 0 launches one block (cluster) per row tile; k > 0 launches a persistent
-            grid of k blocks per SM that strides over the row tiles.
+            grid of k blocks per SM that strides over the row tiles. The bulk-copy kernel is
+            always persistent, sized by occupancy, and takes 0 here.
+        stages: bulk-copy kernel only (``cache="bulk"``): row tiles fetched ahead into shared
+            memory by the bulk-copy engine (TMA), each tile ``rows_per_block`` rows (segments,
+            with a cluster). 0 for every other cache.
 
     """
 
@@ -154,6 +177,7 @@ class KernelConfig:
     stats: str = "welford"
     cluster: int = 1
     blocks_per_sm: int = 0
+    stages: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the configuration as a plain dict (for JSON, Optuna and the DB)."""
@@ -161,9 +185,17 @@ class KernelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> KernelConfig:
-        """Build a configuration from :meth:`to_dict` output, ignoring unknown keys."""
+        """Build a configuration from :meth:`to_dict` output, ignoring unknown keys.
+
+        The fields the bulk-copy kernel fixes (two-pass statistics, an occupancy grid) take
+        those values when absent, as in a tuner trial's parameters.
+        """
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k in names}
+        if values.get("cache") == "bulk":
+            values.setdefault("stats", "two_pass")
+            values.setdefault("blocks_per_sm", 0)
+        return cls(**values)  # type: ignore[arg-type]
 
     @property
     def threads_per_row(self) -> int:
@@ -172,10 +204,11 @@ class KernelConfig:
 
     def label(self) -> str:
         """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``."""
-        return (
+        label = (
             f"t{self.threads}v{self.vec}r{self.rows_per_block}-{self.cache}-{self.stats}"
             f"-c{self.cluster}-p{self.blocks_per_sm}"
         )
+        return f"{label}-s{self.stages}" if self.stages else label
 
 
 @dataclass(frozen=True)
@@ -210,6 +243,9 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
 def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     """Dynamic shared memory a launch of ``config`` needs, in bytes."""
     shape = derive_shape(config, problem)
+    if config.cache == "bulk":
+        stages = max(config.stages, 1)
+        return stages * shape.smem_cache_bytes + bulk_scratch_bytes(stages, config.rows_per_block)
     cache = shape.smem_cache_bytes if config.cache == "smem" else 0
     return cache + SCRATCH_SMEM
 
@@ -221,6 +257,51 @@ def prefetches(config: KernelConfig) -> bool:
     one being normalized and the next one, whose loads are in flight meanwhile.
     """
     return config.cache == "registers" and config.blocks_per_sm > 0
+
+
+def bulk_occupancy(
+    config: KernelConfig, problem: Problem, device: DeviceLimits = H200
+) -> tuple[int, bool]:
+    """Blocks per SM the bulk-copy kernel is built for, and whether it holds weights in registers.
+
+    Shared memory (the stages) and threads decide how many blocks fit an SM; weight and bias
+    stay in registers (4 per 16-byte vector each) when that costs no block of that occupancy,
+    and the ``__launch_bounds__`` minimum is the largest count the register need allows.
+    """
+    smem = smem_bytes(config, problem)
+    by_smem = device.smem_per_sm // (smem + 1024)  # the driver reserves 1 KB per block
+    by_threads = device.max_threads_per_sm // config.threads
+    target = max(1, min(by_smem, by_threads, 32))
+    shape = derive_shape(config, problem)
+    iters = shape.iters
+    # Unrolled loops keep about a vector's four registers per vector in flight; ragged tails
+    # keep masks and indices live.
+    base = BULK_OTHER_REGS + 4 * iters + (8 if config.cluster > 1 else 0)
+    if not shape.even:
+        base += 8
+    affine = int(problem.has_weight) + int(problem.has_bias)
+    # With weights in registers ptxas unrolls less: 512 threads, 8 vectors of weight and bias
+    # and a cluster of 2 fit 128 registers without spills (lab sweep), so the weights replace
+    # the in-flight term rather than add to it.
+    with_weights = base - 4 * iters + 4 * iters * affine
+    if config.rows_per_block > 1:  # 2048, 4-16 rows of a warp, 8 vectors: 16-104 B spilled
+        with_weights += 32
+
+    def fits(need: int, blocks: int) -> bool:
+        # 8 registers of margin, allocation in units of 8, and registers split per scheduler
+        # quarter of the SM (as in min_blocks_per_sm): at the bare estimate 32-72-register
+        # caps spilled 4-28 bytes (nvcc 13.0 sweeps of bulk kernels, 2026-11-29).
+        need = -(-(need + 8) // 8) * 8
+        warps = max(1, config.threads // 32)
+        per_quarter = -(-(warps * blocks) // 4)
+        return need <= 255 and per_quarter * 32 * need <= device.regs_per_sm // 4
+
+    wreg = affine > 0 and iters <= BULK_MAX_WEIGHT_ITERS and fits(with_weights, target)
+    need = with_weights if wreg else base
+    blocks = target
+    while blocks > 1 and not fits(need, blocks):
+        blocks -= 1
+    return blocks, wreg
 
 
 def register_estimate(config: KernelConfig, problem: Problem) -> int:
@@ -249,6 +330,8 @@ def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimi
     with a minimum of 1 it gave a 128-thread kernel 128 registers, so only 4 blocks fit an SM and
     it ran at 75% instead of ~85% of copy bandwidth (H200, bf16 4096, 2026-11-29).
     """
+    if config.cache == "bulk":
+        return bulk_occupancy(config, problem, device)[0]
     # 32 registers of margin: with 0 or 16 ptxas still spilled some (420-kernel sweeps).
     need = -(-register_estimate(config, problem) // 8) * 8 + 32
     # Registers are allocated per warp-scheduler quarter of the SM (regs_per_sm / 4 each), so
@@ -301,6 +384,14 @@ def check(
         reasons.append(f"cluster must be one of {CLUSTERS}")
     if config.blocks_per_sm not in BLOCKS_PER_SM:
         reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
+    if config.stages not in STAGES:
+        reasons.append(f"stages must be one of {STAGES}")
+    if reasons:
+        return reasons
+    if config.cache == "bulk":
+        reasons.extend(_bulk_reasons(config, problem, device))
+    elif config.stages:
+        reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
     if reasons:
         return reasons
 
@@ -315,7 +406,7 @@ def check(
         reasons.append("two_pass statistics re-read the row: they need a row cache")
 
     shape = derive_shape(config, problem)
-    if shape.threads_per_row > 32 and config.rows_per_block > 15:
+    if config.cache != "bulk" and shape.threads_per_row > 32 and config.rows_per_block > 15:
         # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
         # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
         reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
@@ -364,6 +455,44 @@ def check(
     return reasons
 
 
+def _bulk_reasons(config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:
+    """The rules of the bulk-copy kernel (cache="bulk") beyond the common ones."""
+    reasons = []
+    if device.cc < 90:
+        reasons.append("the bulk-copy kernel needs compute capability 9.0 or newer (TMA)")
+    if config.stages < 1:
+        reasons.append("the bulk-copy kernel needs stages >= 1")
+    if config.vec * problem.itemsize != 16:
+        reasons.append("the bulk-copy kernel reads 16-byte vectors: vec must be 16 bytes")
+    if config.stats != "two_pass":
+        # It reads the staged row from shared memory twice; one-pass Welford would save nothing.
+        reasons.append("the bulk-copy kernel computes two-pass statistics only")
+    if config.blocks_per_sm:
+        reasons.append("the bulk-copy kernel's grid is sized by occupancy: blocks_per_sm is 0")
+    shape = derive_shape(config, problem)
+    if config.threads < 128:
+        # One thread issues a block's copies and all wait on it: blocks of one or two warps
+        # won nothing in the lab sweep and spilled in nvcc sweeps (1 warp, fp16 4096, 16 B).
+        reasons.append("the bulk-copy kernel needs at least 128 threads per block")
+    if shape.threads_per_row < 32:
+        # Sub-warp rows spilled at the occupancy their shared memory allows (fp16 768, 8
+        # threads per row, 96 B; nvcc 13.0 sweep) and won nothing in the lab sweep.
+        reasons.append("the bulk-copy kernel gives each row at least one warp")
+    iters = shape.iters
+    if config.rows_per_block > 1 and iters > BULK_MAX_ITERS // 2:
+        # Several rows per block at 8 vectors per thread spilled 16-104 B even at 128
+        # registers (bf16/fp16 2048, nvcc 13.0 sweeps); more threads per row avoid it.
+        reasons.append(f"{iters} vectors per thread with several rows per block (the bulk "
+                       f"kernel allows {BULK_MAX_ITERS // 2})")
+    elif iters > BULK_MAX_ITERS:
+        # Its loops are unrolled over a thread's vectors: at 16 vectors ptxas wanted more than
+        # 128 registers (fp32 2048, 2 blocks of 256 threads: 40 B spilled), at 64 it used 255
+        # and spilled 1 KB (nvcc 13.0 sweeps). The lab's winners all had 8 or fewer.
+        reasons.append(f"{iters} vectors per thread per row (the bulk kernel unrolls at most "
+                       f"{BULK_MAX_ITERS})")
+    return reasons
+
+
 def is_valid(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
     """Return True if ``config`` can run ``problem`` on ``device``."""
     return not check(config, problem, device)
@@ -383,11 +512,19 @@ def require_valid(
 
 
 def iter_space() -> Iterator[KernelConfig]:
-    """Yield every point of the raw space (valid or not), in a fixed order."""
+    """Yield every point of the raw space (valid or not), in a fixed order.
+
+    Stages belong to the bulk-copy kernel, which takes two-pass statistics and an
+    occupancy-sized grid only: its other combinations are left out rather than checked.
+    """
     for t, v, r, c, s, cl, p in itertools.product(
         THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM
     ):
-        yield KernelConfig(t, v, r, c, s, cl, p)
+        if c != "bulk":
+            yield KernelConfig(t, v, r, c, s, cl, p, 0)
+        elif s == "two_pass" and p == 0:
+            for st in STAGES[1:]:
+                yield KernelConfig(t, v, r, c, s, cl, p, st)
 
 
 def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
@@ -444,7 +581,37 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
                     cfg, problem, device
                 ):
                     seeds.append(cfg)
-    return seeds
+    return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
+
+
+MAX_BULK_SEEDS = 8
+
+
+def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
+    """Starting points in the bulk-copy kernel's region: tiles of ~16-64 KB, 2-3 stages.
+
+    The lab sweep (benchmarks/NOTES.md, 2026-11-29, ~3,000 kernels) found its winners there:
+    256-512 threads, 2-4 stages, a cluster of 2 for bf16 65536 and fp32 32768, of 4 for fp32
+    65536, rows of 16-32 KB alone and smaller rows grouped into tiles.
+    """
+    if device.cc < 90:
+        return []
+    row_bytes = problem.hidden * problem.itemsize
+    vec = 16 // problem.itemsize
+    seeds: list[KernelConfig] = []
+    for cluster in (1, 2, 4, 8):
+        seg_bytes = row_bytes // cluster
+        if cluster > 1 and seg_bytes < 16384:
+            continue
+        rows = 1
+        if cluster == 1:
+            rows = max(1, min(16, 2 ** int(math.log2(max(1, 32768 // seg_bytes)))))
+        for threads in (512, 1024, 256):
+            for stages in (2, 3):
+                cfg = KernelConfig(threads, vec, rows, "bulk", "two_pass", cluster, 0, stages)
+                if cfg not in seeds and not check(cfg, problem, device):
+                    seeds.append(cfg)
+    return seeds[:MAX_BULK_SEEDS]
 
 
 def rows_bucket(rows: int) -> int:

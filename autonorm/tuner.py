@@ -277,14 +277,27 @@ def open_storage(url: str | None, study_name: str) -> BaseStorage:
 
 
 def suggest_config(trial: Trial) -> KernelConfig:
-    """Ask ``trial`` for one point of the template family (parameters named as the fields)."""
+    """Ask ``trial`` for one point of the template family (parameters named as the fields).
+
+    The bulk-copy kernel fixes its statistics (two-pass) and grid (occupancy) and alone takes
+    ``stages``: those parameters are asked conditionally, so no ask is spent on combinations
+    that cannot exist.
+    """
+    threads = trial.suggest_categorical("threads", space.THREADS)
+    vec = trial.suggest_categorical("vec", space.VECS)
+    rows_per_block = trial.suggest_categorical("rows_per_block", space.ROWS_PER_BLOCK)
+    cache = trial.suggest_categorical("cache", space.CACHES)
+    cluster = trial.suggest_categorical("cluster", space.CLUSTERS)
+    if cache == "bulk":
+        stages = trial.suggest_categorical("stages", space.STAGES[1:])
+        return KernelConfig(threads, vec, rows_per_block, cache, "two_pass", cluster, 0, stages)
     return KernelConfig(
-        threads=trial.suggest_categorical("threads", space.THREADS),
-        vec=trial.suggest_categorical("vec", space.VECS),
-        rows_per_block=trial.suggest_categorical("rows_per_block", space.ROWS_PER_BLOCK),
-        cache=trial.suggest_categorical("cache", space.CACHES),
+        threads=threads,
+        vec=vec,
+        rows_per_block=rows_per_block,
+        cache=cache,
         stats=trial.suggest_categorical("stats", space.STATS),
-        cluster=trial.suggest_categorical("cluster", space.CLUSTERS),
+        cluster=cluster,
         blocks_per_sm=trial.suggest_categorical("blocks_per_sm", space.BLOCKS_PER_SM),
     )
 
@@ -444,11 +457,18 @@ class _Ask:
 
 
 PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(KernelConfig))
+_COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster"})
+_BULK_PARAMS = _COMMON_PARAMS | {"stages"}
+_OTHER_PARAMS = _COMMON_PARAMS | {"stats", "blocks_per_sm"}
 
 
 def _has_all_params(trial: FrozenTrial) -> bool:
     """Return True once :func:`suggest_config` has written every parameter of the trial."""
-    return PARAM_NAMES.issubset(trial.params)
+    params = trial.params
+    if "cache" not in params:
+        return False
+    need = _BULK_PARAMS if params["cache"] == "bulk" else _OTHER_PARAMS
+    return need.issubset(params)
 
 
 def _snapshot_when_ready(

@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=12.0)
     parser.add_argument("--elements", type=int, default=1 << 26)
+    parser.add_argument("--rows", default="", help="row counts to tune instead of "
+                        "elements // hidden, e.g. 1,8,64,512 (latency buckets)")
     args = parser.parse_args()
     logging.getLogger("optuna").setLevel(logging.WARNING)
     info = query_device()
@@ -35,10 +37,13 @@ def main() -> None:
     store.record_device(info)
     version = codegen.code_version()
     for dtype in args.dtypes.split(","):
-        for hidden in map(int, args.hidden.split(",")):
+        for hidden, rows in [
+            (h, r) for h in map(int, args.hidden.split(","))
+            for r in (list(map(int, args.rows.split(","))) if args.rows
+                      else [max(1, args.elements // h)])
+        ]:
             t0 = time.monotonic()
             problem = Problem(hidden, normalize_dtype(dtype))
-            rows = max(1, args.elements // hidden)
             key = db.TuningKey.for_problem(info.fingerprint, version, problem, rows)
             evaluator = GpuEvaluator(problem, rows, pool=pool)
             study = tuner.study_name_for(info.fingerprint, version, problem, rows_bucket(rows))
@@ -58,7 +63,8 @@ def main() -> None:
                 t = result.timing
                 store.set_winner(key, result.best.to_dict(), t.metrics(
                     rows=rows, trials=result.evaluated, copy_gbps=evaluator.copy_gbps))
-                print(f"{problem.dtype:9s} {hidden:6d} {t.share * 100:5.1f}% {t.gbps:6.0f} GB/s "
+                print(f"{problem.dtype:9s} {hidden:6d} r{rows:<6d} {t.share * 100:5.1f}% "
+                      f"{t.gbps:6.0f} GB/s "
                       f"{t.median_us:7.1f} us {result.best.label()} "
                       f"({time.monotonic() - t0:.0f} s)", flush=True)
             else:

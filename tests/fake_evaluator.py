@@ -20,12 +20,18 @@ from autonorm.tuner import TuneSettings, open_storage, tune
 # Bytes a 1024-row bfloat16 LayerNorm of hidden 4096 moves (x read + y written), for GB/s.
 BYTES_MOVED = 2 * 1024 * 4096 * 2
 COPY_GBPS = 4000.0
-CACHE_COST = {"registers": 0.0, "smem": 0.5, "none": 1.0}
+CACHE_COST = {"registers": 0.0, "smem": 0.5, "none": 1.0, "bulk": 0.25}
 PERSISTENT_COST = {0: 0.0, 1: 0.4, 2: 0.2, 4: 0.1, 8: 0.3}
+# The bulk-copy kernel (cache="bulk") only: row tiles in flight; two or three are best.
+STAGES_COST = {0: 0.0, 1: 0.6, 2: 0.0, 3: 0.05, 4: 0.15, 6: 0.3, 8: 0.45}
 
 
 def fake_median_us(config: KernelConfig) -> float:
-    """Return a deterministic 'time' that favours vec=8, threads=256 and a register cache."""
+    """Return a deterministic 'time' that favours vec=8, threads=256 and a register cache.
+
+    Knows every cache of the space, the bulk-copy kernel's (with its stages) included: a
+    search may propose any of them.
+    """
     t = 10.0
     t += 1.5 * abs(math.log2(config.vec) - 3)
     t += 1.0 * abs(math.log2(config.threads) - 8)
@@ -34,6 +40,7 @@ def fake_median_us(config: KernelConfig) -> float:
     t += 0.2 * (config.stats == "welford")
     t += 0.4 * math.log2(config.cluster)
     t += PERSISTENT_COST[config.blocks_per_sm]
+    t += STAGES_COST[config.stages]
     return t
 
 

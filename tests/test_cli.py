@@ -82,6 +82,22 @@ def test_render_prints_cuda_source(runner):
     assert "__global__" in result.output
 
 
+def test_render_bulk_kernel(runner):
+    result = runner.invoke(
+        cli.main,
+        ["render", "--hidden", "16384", "--dtype", "bf16", "--cache", "bulk", "--cluster", "2",
+         "--stages", "3"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "-bulk-two_pass-c2-p0-s3" in result.output
+    assert "cp.async.bulk" in result.output and "__cluster_dims__(2, 1, 1)" in result.output
+    # --stages on a kernel that has none is refused with a one-line reason.
+    bad = runner.invoke(cli.main, ["render", "--hidden", "1024", "--cache", "smem",
+                                   "--stages", "2"])
+    assert bad.exit_code != 0
+    assert "stages apply to the bulk-copy kernel only" in bad.output
+
+
 def test_render_impossible_combination(runner):
     result = runner.invoke(
         cli.main, ["render", "--hidden", "1000", "--vec", "8", "--dtype", "fp32"]

@@ -29,7 +29,9 @@ from autonorm.space import (
     DeviceLimits,
     KernelConfig,
     Problem,
+    bulk_occupancy,
     enumerate_space,
+    min_blocks_per_sm,
     prefetches,
     smem_bytes,
 )
@@ -83,11 +85,24 @@ def test_sampled_sweep_renders(sweep):
         assert plan.threads == cfg.threads
         assert plan.cluster == cfg.cluster
         assert plan.rows_per_block == cfg.rows_per_block
-        assert plan.blocks_per_sm == cfg.blocks_per_sm
+        if cfg.cache == "bulk":
+            # A persistent grid sized by occupancy: the plan carries the kernel's
+            # __launch_bounds__ minimum, never the config's 0.
+            assert plan.resident
+            assert cfg.blocks_per_sm == 0
+            assert plan.blocks_per_sm == min_blocks_per_sm(cfg, problem)
+            assert plan.blocks_per_sm == bulk_occupancy(cfg, problem)[0] >= 1
+            assert f"__launch_bounds__({cfg.threads}, {plan.blocks_per_sm})" in src
+            assert "cp.async.bulk" in src
+        else:
+            assert not plan.resident
+            assert plan.blocks_per_sm == cfg.blocks_per_sm
+            assert "cp.async.bulk" not in src
         assert plan.smem_bytes == smem_bytes(cfg, problem)
         assert len(k.source_hash) == 64
     covered = {(c.cache, c.stats, c.cluster > 1) for c, _ in sweep}
     assert len(covered) >= 8, covered  # the sample reaches most variants
+    assert any(c.cache == "bulk" for c, _ in sweep)  # the bulk-copy kernel too
 
 
 def test_sample_covers_all_hidden_sizes_and_dtypes(sweep):
@@ -322,12 +337,21 @@ def test_named_barrier_ids_fit_the_hardware():
     # Found by this test: 1024 threads x 16 rows of 64 threads rendered bar.sync 16; the space
     # now rejects more than 15 multi-warp rows per block.
     bad = []
+    bulk_checked = 0
     for dtype in DTYPES:
         problem = Problem(768, dtype)
         for cfg in enumerate_space(problem):
             if cfg.rows_per_block > 1 and cfg.threads_per_row > 32:
+                if cfg.cache == "bulk":
+                    # The bulk-copy kernel synchronises its rows with __syncthreads only.
+                    src = render(cfg, problem).source
+                    assert "bar.sync" not in src, cfg.label()
+                    assert "__syncthreads();" in src, cfg.label()
+                    bulk_checked += 1
+                    continue
                 ids = _named_barrier_ids(cfg, problem)
                 assert ids, cfg.label()
                 if max(ids) > 15:
                     bad.append((dtype, cfg.label()))
     assert not bad, f"{len(bad)} configs use barrier id 16: {bad[:4]}"
+    assert bulk_checked, "no multi-warp, multi-row bulk-copy configuration was checked"

@@ -150,6 +150,10 @@ def test_sweep_compiles_without_spills(sweep_results, dtype):
         assert 0 < report.registers <= 255
         # __launch_bounds__(threads, min_blocks) must hold: the blocks fit the register file
         assert report.registers * k.config.threads <= H200.regs_per_sm
+        if k.launch.resident:  # the bulk-copy kernel: its occupancy is the plan's block count
+            assert k.launch.blocks_per_sm >= 1
+            assert (report.registers * k.config.threads * k.launch.blocks_per_sm
+                    <= H200.regs_per_sm), k.config.label()
         if report.spills:
             entry = (k.problem.hidden, code_label(k.config))
             bucket = tolerated if entry in KNOWN_SPILLS[dtype] else spilled
@@ -157,8 +161,10 @@ def test_sweep_compiles_without_spills(sweep_results, dtype):
                           f"{report.registers} regs, {report.stack_frame} B frame, "
                           f"{report.spill_stores} B spill stores, {report.spill_loads} B loads")
     variants = {variant(k.config) for k in kernels}
+    bulk = sum(k.config.cache == "bulk" for k in kernels)
+    assert bulk, "the sweep compiled no bulk-copy kernel"
     print(f"\n{dtype}: nvcc compiled {len(kernels)} kernels for sm_90 "
-          f"({len(variants)} variants), {len(spilled)} unexpected spills, "
+          f"({len(variants)} variants, {bulk} bulk-copy), {len(spilled)} unexpected spills, "
           f"{len(tolerated)} known")
     for line in tolerated:
         print("  known spill:", line)
@@ -176,8 +182,18 @@ def test_sweep_includes_defaults_and_every_variant():
             problem = Problem(hidden, dtype)
             assert (problem, default_config(problem)) in configs
         variants = {variant(k.config) for k in kernels}
-        # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register caches
-        assert len(variants) == 14, sorted(variants)
+        # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register
+        # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster
+        assert len(variants) == 16, sorted(variants)
+        assert {v for v in variants if v[0] == "bulk"} == {
+            ("bulk", "two_pass", False, False),
+            ("bulk", "two_pass", True, False),
+        }
+        # every hidden size has a bulk kernel (fp32 65536 only with a cluster: 16 vectors per
+        # thread at 1024 threads exceed the bulk kernel's 8)
+        assert {k.problem.hidden for k in kernels if k.config.cache == "bulk"} == set(
+            SWEEP_HIDDEN
+        )
 
 
 def _known_spill_kernels() -> list[RenderedKernel]:

@@ -44,6 +44,12 @@ A100 = DeviceInfo("NVIDIA A100-SXM4-80GB", 80, 108, 41943040, 166912, 5120, 1593
 CLUSTER = KernelConfig(256, 8, 1, "registers", "welford", 2, 0)
 PERSISTENT = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 2)
 BIG_SMEM = KernelConfig(1024, 8, 1, "smem", "two_pass", 1, 0)
+# Bulk-copy kernels (resident plans): no cluster and 4 rows per tile, and a cluster of 2; both
+# over 48 KiB of shared memory, so the launcher opts in before it asks the occupancy API.
+BULK = KernelConfig(256, 8, 4, "bulk", "two_pass", 1, 0, 3)
+BULK_PROBLEM = Problem(2048, "bfloat16")
+BULK_CLUSTER = KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2)
+BULK_CLUSTER_PROBLEM = Problem(65536, "bfloat16")
 
 
 def _case(
@@ -72,6 +78,7 @@ CASES = [
     _case(16384, "bfloat16", config=PERSISTENT),
     _case(65536, "float16", config=BIG_SMEM),
 ]
+BULK_CASES = [_case(2048, "bfloat16", config=BULK), _case(65536, "bfloat16", config=BULK_CLUSTER)]
 
 
 def _nvcc() -> str:
@@ -188,6 +195,59 @@ def test_launch_plan_features_appear_only_where_needed() -> None:
     assert "cudaFuncAttributeMaxDynamicSharedMemorySize" not in plain + persistent + cluster
     assert "__cluster_dims__(2, 1, 1)" in cluster and "__cluster_dims__" not in plain
     assert f"kSmemBytes = {smem_bytes(BIG_SMEM, big_problem)};" in big
+    assert "cudaOccupancy" not in plain + persistent + cluster + big
+    assert "resident_clusters" not in plain + persistent + cluster + big
+
+
+def _forward_body(source: str) -> str:
+    return source[source.index('extern "C" cudaError_t'):]
+
+
+@pytest.mark.parametrize(("config", "problem"), BULK_CASES)
+def test_bulk_launcher_sizes_its_grid_by_the_occupancy_api(
+    config: KernelConfig, problem: Problem
+) -> None:
+    exported = render_export(config, problem)
+    plan = exported.kernel.launch
+    assert plan.resident and plan.blocks_per_sm >= 1
+    assert smem_bytes(config, problem) > 48 * 1024
+    source = exported.source
+    if config.cluster > 1:
+        assert "cudaOccupancyMaxActiveClusters(&resident, " in source
+        assert "cudaLaunchConfig_t config" in source
+        assert "config.gridDim = dim3(kCluster, 1, 1);" in source
+        assert "config.dynamicSmemBytes = kSmemBytes;" in source
+        assert "cudaOccupancyMaxActiveBlocksPerMultiprocessor" not in source
+    else:
+        assert (
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor(\n"
+            f"      &per_sm, {exported.kernel.name}, kThreads, kSmemBytes);"
+        ) in source
+        assert "cudaOccupancyMaxActiveClusters" not in source
+        assert "resident = per_sm * sms;" in source
+    # The fallback of LaunchPlan.grid, the constants it uses, and the per-device cache.
+    assert "resident = sms * kBlocksPerSm / kCluster;" in source
+    assert f"constexpr int kBlocksPerSm = {plan.blocks_per_sm};" in source
+    assert f"constexpr int kCluster = {plan.cluster};" in source
+    assert "static std::atomic<int> cached[kCachedDevices];  // 0: not asked yet" in source
+    # In the launcher: opt in to the shared memory first, then ask, then cap the tiles.
+    body = _forward_body(source)
+    opt_in = body.index("err = opt_in_smem(device);")
+    query = body.index("err = resident_clusters(device, &resident);")
+    cap = body.index("if (clusters > resident) clusters = resident;")
+    launch = body.index(f"{exported.kernel.name}<<<")
+    assert opt_in < query < cap < body.index("const long long grid = clusters * kCluster;") < launch
+    assert "kBlocksPerSm / kCluster" not in body  # the persistent rule of other kernels
+    # Header, grid rule and manifest say so.
+    assert "occupancy API" in exported.header
+    assert "Needs compute capability 9.0" in exported.header
+    assert "occupancy API" in exported.manifest["launch"]["grid_rule"]
+    launch_info = exported.manifest["launch"]
+    assert launch_info["resident"] is True
+    assert launch_info["min_compute_capability"] == 90
+    assert LaunchPlan(**{k: launch_info[k] for k in (
+        "threads", "smem_bytes", "cluster", "rows_per_block", "blocks_per_sm", "resident"
+    )}) == plan
 
 
 def test_invalid_config_and_basename_are_rejected() -> None:
@@ -232,7 +292,7 @@ def test_manifest_without_metrics_says_null(tmp_path: Path) -> None:
 # -- nvcc: compile, link, argument validation ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("config", "problem"), CASES)
+@pytest.mark.parametrize(("config", "problem"), CASES + BULK_CASES)
 def test_exported_source_compiles_with_plain_nvcc(
     tmp_path: Path, config: KernelConfig, problem: Problem
 ) -> None:
@@ -246,7 +306,8 @@ def test_exported_source_compiles_with_plain_nvcc(
     assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
 
 
-@pytest.mark.parametrize(("config", "problem"), CASES)
+# One bulk kernel here (the cluster one): compiling both is test_exported_source_compiles_...'s job.
+@pytest.mark.parametrize(("config", "problem"), CASES + BULK_CASES[1:])
 def test_driver_links_against_export_and_validates_arguments(
     tmp_path: Path, config: KernelConfig, problem: Problem
 ) -> None:
@@ -427,6 +488,8 @@ GPU_BF16 = Problem(16384, "bfloat16")
         pytest.param(CLUSTER, GPU_BF16, id="bf16-cluster"),
         pytest.param(PERSISTENT, GPU_BF16, id="bf16-persistent"),
         pytest.param(BIG_SMEM, Problem(65536, "float16"), id="fp16-big-smem"),
+        pytest.param(BULK, BULK_PROBLEM, id="bf16-bulk"),
+        pytest.param(BULK_CLUSTER, BULK_CLUSTER_PROBLEM, id="bf16-bulk-cluster"),
     ],
 )
 def test_exported_kernel_matches_in_process_kernel_bitwise(

@@ -265,11 +265,43 @@ def test_enumeration_deterministic_and_valid(dtype, hidden):
 
 def test_iter_space_covers_the_product():
     raw = list(iter_space())
-    assert len(raw) == len(set(raw)) == (
-        len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(space.CACHES)
-        * len(space.STATS) * len(CLUSTERS) * len(space.BLOCKS_PER_SM)
-    )
+    shapes = len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(CLUSTERS)
+    other_caches = [c for c in space.CACHES if c != "bulk"]
+    bulk_stages = [s for s in space.STAGES if s > 0]
+    # The other kernels: every (cache, stats, blocks_per_sm) with stages 0. The bulk-copy
+    # kernel: two-pass statistics and an occupancy grid only, with every stage count >= 1.
+    non_bulk = shapes * len(other_caches) * len(space.STATS) * len(space.BLOCKS_PER_SM)
+    bulk = shapes * len(bulk_stages)
+    assert len(raw) == len(set(raw)) == non_bulk + bulk
     assert raw == list(iter_space())
+    assert {
+        (c.threads, c.vec, c.rows_per_block, c.cache, c.stats, c.cluster, c.blocks_per_sm)
+        for c in raw
+        if c.cache != "bulk"
+    } == {
+        (t, v, r, c, s, cl, p)
+        for t in THREADS
+        for v in space.VECS
+        for r in ROWS_PER_BLOCK
+        for c in other_caches
+        for s in space.STATS
+        for cl in CLUSTERS
+        for p in space.BLOCKS_PER_SM
+    }
+    assert all(c.stages == 0 for c in raw if c.cache != "bulk")
+    bulk_raw = [c for c in raw if c.cache == "bulk"]
+    assert len(bulk_raw) == bulk
+    assert {c.stats for c in bulk_raw} == {"two_pass"}
+    assert {c.blocks_per_sm for c in bulk_raw} == {0}
+    assert {c.stages for c in bulk_raw} == set(bulk_stages)
+    assert {(c.threads, c.vec, c.rows_per_block, c.cluster, c.stages) for c in bulk_raw} == {
+        (t, v, r, cl, st)
+        for t in THREADS
+        for v in space.VECS
+        for r in ROWS_PER_BLOCK
+        for cl in CLUSTERS
+        for st in bulk_stages
+    }
 
 
 def test_enumeration_respects_device_limits():
