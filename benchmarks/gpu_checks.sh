@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # One GPU session's checks, in order (run from the repo root on the GPU machine, OUT set):
-# GPU tests, a cold-start tune of the main job, dispatch to its winner, the peers benchmark.
+# GPU tests, a cold-start tune of the main job, dispatch to its winner; `buckets` tunes the
+# row-count buckets of the latency and LLM shapes into $OUT/ship.db (copy its winners rows
+# into tuning_db/autonorm.db with sqlite ATTACH; same device fingerprint and code version).
+# Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh tests|tune|buckets
 set -u
 export PYTHONUNBUFFERED=1 AUTONORM_CACHE_DIR=${AUTONORM_CACHE_DIR:-/tmp/autonorm-cache}
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 suite=${1:-all}
 if [[ $suite == all || $suite == tests ]]; then
-  timeout 200 python3 -m pytest -q -m gpu tests/ -x -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  # No -x: one failure must not hide the rest. The log goes to $OUT first, so a run cut short
+  # by the timeout still says how far it got.
+  timeout 540 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -ra --durations=15 \
+    > "$OUT/gpu_tests.log" 2>&1; tail -40 "$OUT/gpu_tests.log"
 fi
 if [[ $suite == all || $suite == tune ]]; then
   rm -rf "$AUTONORM_CACHE_DIR" "$CUPY_CACHE_DIR"
@@ -26,4 +32,11 @@ xf = x.astype(cupy.float64); ref = (xf - xf.mean(1, keepdims=True)) / cupy.sqrt(
 err = float(cupy.linalg.norm(y.astype(cupy.float64) - ref) / cupy.linalg.norm(ref))
 print("dispatch chose", c.source, c.config.label(), "rel err", f"{err:.2e}")
 PY
+fi
+if [[ $suite == buckets ]]; then
+  # Latency rows at hidden 16384 and the LLM token counts at 4096/8192 (peers.py's shapes).
+  AUTONORM_DB=$OUT/ship.db timeout 280 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
+    --hidden 16384 --rows 1,8,64,512 --trials 16 --timeout 6 2>&1 | tee "$OUT/buckets.log"
+  AUTONORM_DB=$OUT/ship.db timeout 250 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
+    --hidden 4096,8192 --rows 4096 --trials 24 --timeout 8 2>&1 | tee -a "$OUT/buckets.log"
 fi
