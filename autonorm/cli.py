@@ -15,6 +15,7 @@ from autonorm import __version__
 from autonorm.errors import AutonormError
 from autonorm.space import (
     BLOCKS_PER_SM,
+    BULK_FIXED,
     CACHES,
     CLUSTERS,
     ROWS_PER_BLOCK,
@@ -310,7 +311,7 @@ def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: An
               for k, v in fields.items() if v is not None}
     if chosen.get("cache") == "bulk":
         # The bulk-copy kernel fixes its statistics and grid; it needs stages.
-        base.update(stats="two_pass", blocks_per_sm=0, stages=2)
+        base.update(BULK_FIXED, stages=2)
     config = KernelConfig.from_dict({**base, **chosen})
     try:
         click.echo(codegen.render(config, problem).source, nl=False)

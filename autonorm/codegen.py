@@ -20,6 +20,7 @@ from autonorm.space import (
     KernelConfig,
     Problem,
     bulk_occupancy,
+    bulk_stage_bytes,
     derive_shape,
     min_blocks_per_sm,
     prefetches,
@@ -150,8 +151,10 @@ def render(
     shape = derive_shape(config_, problem)
     name = kernel_name(config_, problem)
     bulk = config_.cache == "bulk"
-    min_blocks = min_blocks_per_sm(config_, problem, device or H200)
-    wreg = bulk and bulk_occupancy(config_, problem, device or H200)[1]
+    if bulk:
+        min_blocks, wreg = bulk_occupancy(config_, problem, device or H200)
+    else:
+        min_blocks, wreg = min_blocks_per_sm(config_, problem, device or H200), False
     context = {
         "name": name,
         "ns": name + "_ns",
@@ -182,7 +185,7 @@ def render(
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,
         "WREG": wreg,
-        "stage_bytes": max(config_.stages, 1) * shape.smem_cache_bytes,
+        "stage_bytes": bulk_stage_bytes(config_, problem),
     }
     template = BULK_TEMPLATE if bulk else TEMPLATE
     source = template_environment().get_template(template).render(**context)

@@ -121,7 +121,7 @@ class _LaunchConfig(ctypes.Structure):
     ]
 
 
-def resident_clusters(function: Any, plan: LaunchPlan) -> int | None:
+def resident_clusters(function: Any, plan: LaunchPlan, sm_count: int) -> int | None:
     """Clusters (blocks, without a cluster) of a kernel that can be resident at once, or None.
 
     Asked of the driver for the current device: for clusters, the GPC layout decides (clusters
@@ -146,13 +146,7 @@ def resident_clusters(function: Any, plan: LaunchPlan) -> int | None:
     )
     if code != 0 or count.value <= 0:
         return None
-    sm = ctypes.c_int(0)
-    dev = ctypes.c_int(0)
-    if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0 or lib.cuDeviceGetAttribute(
-        ctypes.byref(sm), 16, dev  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    ) != 0:
-        return None
-    return count.value * sm.value
+    return count.value * sm_count
 
 
 class CompiledKernel:
@@ -180,7 +174,7 @@ class CompiledKernel:
         self._streams: dict[int, Any] = {}
         self._driver = _DriverLauncher.create(function)
         self.resident_clusters = (
-            resident_clusters(function, self.plan) if self.plan.resident else None
+            resident_clusters(function, self.plan, sm_count) if self.plan.resident else None
         )
 
     def grid(self, rows: int) -> int:

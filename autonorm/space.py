@@ -60,6 +60,9 @@ SCRATCH_SMEM = 2 * 32 * 3 * 4 + 2 * 4 * 4
 BULK_OTHER_REGS = 40
 BULK_MAX_WEIGHT_ITERS = 8
 BULK_MAX_ITERS = 8
+# The fields the bulk-copy kernel fixes: two-pass statistics over the staged tile, and a grid
+# sized by occupancy (so no blocks_per_sm).
+BULK_FIXED: dict[str, object] = {"stats": "two_pass", "blocks_per_sm": 0}
 
 
 def bulk_scratch_bytes(stages: int, rows_per_block: int) -> int:
@@ -193,8 +196,7 @@ class KernelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         if values.get("cache") == "bulk":
-            values.setdefault("stats", "two_pass")
-            values.setdefault("blocks_per_sm", 0)
+            values = {**BULK_FIXED, **values}
         return cls(**values)  # type: ignore[arg-type]
 
     @property
@@ -242,12 +244,17 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
 
 def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     """Dynamic shared memory a launch of ``config`` needs, in bytes."""
-    shape = derive_shape(config, problem)
     if config.cache == "bulk":
         stages = max(config.stages, 1)
-        return stages * shape.smem_cache_bytes + bulk_scratch_bytes(stages, config.rows_per_block)
+        return bulk_stage_bytes(config, problem) + bulk_scratch_bytes(stages, config.rows_per_block)
+    shape = derive_shape(config, problem)
     cache = shape.smem_cache_bytes if config.cache == "smem" else 0
     return cache + SCRATCH_SMEM
+
+
+def bulk_stage_bytes(config: KernelConfig, problem: Problem) -> int:
+    """Shared memory of the bulk-copy kernel's stages: stages x rows per tile x segment bytes."""
+    return max(config.stages, 1) * derive_shape(config, problem).smem_cache_bytes
 
 
 def prefetches(config: KernelConfig) -> bool:

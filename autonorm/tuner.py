@@ -290,7 +290,10 @@ def suggest_config(trial: Trial) -> KernelConfig:
     cluster = trial.suggest_categorical("cluster", space.CLUSTERS)
     if cache == "bulk":
         stages = trial.suggest_categorical("stages", space.STAGES[1:])
-        return KernelConfig(threads, vec, rows_per_block, cache, "two_pass", cluster, 0, stages)
+        return KernelConfig(
+            threads=threads, vec=vec, rows_per_block=rows_per_block, cache=cache,
+            cluster=cluster, stages=stages, **space.BULK_FIXED,  # type: ignore[arg-type]
+        )
     return KernelConfig(
         threads=threads,
         vec=vec,
@@ -459,7 +462,7 @@ class _Ask:
 PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(KernelConfig))
 _COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster"})
 _BULK_PARAMS = _COMMON_PARAMS | {"stages"}
-_OTHER_PARAMS = _COMMON_PARAMS | {"stats", "blocks_per_sm"}
+_OTHER_PARAMS = _COMMON_PARAMS | set(space.BULK_FIXED)
 
 
 def _has_all_params(trial: FrozenTrial) -> bool:
