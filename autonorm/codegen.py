@@ -32,7 +32,12 @@ TEMPLATE = "layernorm_fwd.cu.j2"
 BULK_TEMPLATE = "layernorm_bulk.cu.j2"  # cache="bulk": rows fetched by the bulk-copy engine
 # The templates that make a kernel's device code. Tuned results are keyed by their hash; the
 # export launcher templates are host code and do not change what was measured.
-KERNEL_TEMPLATES = ("layernorm_fwd.cu.j2", "reduce.cuh.j2", "layernorm_bulk.cu.j2")
+KERNEL_TEMPLATES = (
+    "layernorm_fwd.cu.j2",
+    "reduce.cuh.j2",
+    "convert.cuh.j2",
+    "layernorm_bulk.cu.j2",
+)
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 _TO_FLOAT = {"float32": "a", "float16": "__half2float(a)", "bfloat16": "__bfloat162float(a)"}
@@ -41,6 +46,8 @@ _FROM_FLOAT = {
     "float16": "__float2half_rn(a)",
     "bfloat16": "__float2bfloat16_rn(a)",
 }
+# Two fp32 values to one 32-bit pair of a 16-bit type, in one conversion instruction.
+_FROM_FLOAT2 = {"float32": "", "float16": "__floats2half2_rn", "bfloat16": "__floats2bfloat162_rn"}
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,19 @@ class RenderedKernel:
     def source_hash(self) -> str:
         """SHA-256 of the source (the compile cache key, with arch and CUDA version)."""
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+# A 16-bit register row cache is held as fp32 (converted once) up to this many elements per
+# thread; beyond it the doubled registers cost occupancy.
+FP32_ROW_MAX = 32
+
+
+def holds_fp32_row(config_: KernelConfig, problem: Problem, iters: int) -> bool:
+    """Whether a register row cache holds its 16-bit elements converted to fp32."""
+    return (
+        config_.cache == "registers" and problem.itemsize == 2
+        and iters * config_.vec <= FP32_ROW_MAX
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,6 +184,7 @@ def render(
         "ctype": _CTYPES[problem.dtype],
         "to_float": _TO_FLOAT[problem.dtype],
         "from_float": _FROM_FLOAT[problem.dtype],
+        "from_float2": _FROM_FLOAT2[problem.dtype],
         "itemsize": problem.itemsize,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,
@@ -181,6 +202,7 @@ def render(
         "min_blocks": min_blocks,
         "cache": config_.cache,
         "PREFETCH": prefetches(config_),
+        "FCACHE": holds_fp32_row(config_, problem, shape.iters),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,

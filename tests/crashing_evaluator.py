@@ -128,10 +128,10 @@ _UNCLOSED: list = []
 
 # --------------------------------------------------------------------------- a real GPU fault
 
-STORE = "store_vec(yr + (size_t)j * V, out);"
+STORE = "store_vec(yr + (size_t)j * V, pack(o));"
 # 2^47 elements past y: 2^48 bytes or more, beyond any address the process or the GPU maps
 # (user space ends at 2^47 on x86-64, and CUDA places device memory inside it).
-FAULTY_STORE = "store_vec(yr + (size_t)j * V + ((size_t)1 << 47), out);"
+FAULTY_STORE = "store_vec(yr + (size_t)j * V + ((size_t)1 << 47), pack(o));"
 
 
 def faulting_source(source: str) -> str:

@@ -1,0 +1,148 @@
+"""A/B a template change on the GPU: the same configurations rendered from two template trees.
+
+Run on the GPU machine from the repo root:
+
+    python benchmarks/lab/ab_lab.py --base benchmarks/lab/templates_base --out $OUT
+
+``--base`` holds the templates before the change (copied from git); the working tree's
+``templates/`` are the change. For each shape it takes the shipped DB's best distinct configs,
+renders both variants with autonorm's own codegen, compiles them in autonorm's compile pool,
+verifies both against float64 through the product's evaluator (outputs poisoned), then times
+them interleaved (base, new, base, new, ...) on the same rotated inputs; the ratio new / base of
+the medians of rounds is the result. Prints per-config lines and a per-shape summary; JSON to
+``$OUT/ab_lab.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import statistics
+import time
+from pathlib import Path
+
+from autonorm import codegen, compiler
+from autonorm import config as an_config
+from autonorm.evaluator import GpuEvaluator
+from autonorm.space import KernelConfig, Problem
+
+SHAPES = [("bfloat16", h) for h in (768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)] + [
+    ("float16", h) for h in (1024, 4096, 16384, 65536)] + [
+    ("float32", h) for h in (1024, 8192, 16384, 65536)]
+
+
+class BaseEvaluator(GpuEvaluator):
+    """The product's evaluator, rendering from another template tree."""
+
+    base_dir: Path
+
+    def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+        rendered = self._rendered.get(config)
+        if rendered is None:
+            codegen.code_version()  # hash the working tree's templates before the swap
+            saved = an_config.templates_dir
+            an_config.templates_dir = lambda: self.base_dir  # type: ignore[assignment]
+            codegen.template_environment.cache_clear()  # the environment is cached per process
+            try:
+                rendered = codegen.render(config, self.problem, self.limits)
+            finally:
+                an_config.templates_dir = saved  # type: ignore[assignment]
+                codegen.template_environment.cache_clear()
+            self._rendered[config] = rendered
+        return rendered
+
+
+def top_configs(db: sqlite3.Connection, dtype: str, hidden: int, k: int) -> list[KernelConfig]:
+    # The shipped DB keeps no timings of its trials: the winner first, then other configs that
+    # verified there, cache kinds spread (registers, smem, bulk first).
+    win = db.execute("select config from winners where dtype=? and hidden=? and rows_bucket=?",
+                     (dtype, hidden, (1 << 26) // hidden)).fetchall()
+    rest = db.execute(
+        "select distinct config from trials where dtype=? and hidden=? and status='ok' "
+        "and rows_bucket=?", (dtype, hidden, (1 << 26) // hidden)).fetchall()
+    order = {"registers": 0, "smem": 1, "bulk": 2, "none": 3}
+    rest = sorted((r for r in rest if r not in win),
+                  key=lambda r: order[json.loads(r[0])["cache"]])
+    picked, seen = list(win), {json.loads(r[0])["cache"] for r in win}
+    for r in rest:
+        cache = json.loads(r[0])["cache"]
+        if cache not in seen or len(picked) >= len(order):
+            picked.append(r)
+            seen.add(cache)
+    rows = picked[:k]
+    return [KernelConfig.from_dict(json.loads(r[0])) for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--top", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--only", default="", help="comma list of dtype:hidden")
+    args = ap.parse_args()
+    t0 = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(Path(__file__).parents[2] / "tuning_db" / "autonorm.db")
+    shapes = SHAPES
+    if args.only:
+        want = {(d, int(h)) for d, h in (s.split(":") for s in args.only.split(","))}
+        shapes = [s for s in SHAPES if s in want]
+    plan = {s: top_configs(db, *s, args.top) for s in shapes}
+    pool = compiler.CompilePool()
+    records = []
+    for (dtype, hidden), configs in plan.items():
+        if time.time() - t0 > args.budget_s:
+            print("budget spent", flush=True)
+            break
+        problem = Problem(hidden, dtype)
+        rows = (1 << 26) // hidden
+        new = GpuEvaluator(problem, rows, pool=pool)
+        base = BaseEvaluator(problem, rows, pool=pool)
+        base.base_dir = Path(args.base).resolve()
+        new.prepare(configs)
+        base.prepare(configs)
+        ratios = []
+        for config in configs:
+            ob, on = base.evaluate(config), new.evaluate(config)
+            if ob.status != "ok" or on.status != "ok":
+                print(f"  {dtype:8s} {hidden:6d} {config.label():44s} base {ob.status} new "
+                      f"{on.status} {(ob.error or on.error or '')[:160]}", flush=True)
+                records.append(dict(dtype=dtype, hidden=hidden, config=config.to_dict(),
+                                    base=ob.status, new=on.status))
+                continue
+            tb, tn = [], []
+            for _ in range(args.rounds):
+                tb.append(base.time(config, samples=10).median_us)
+                tn.append(new.time(config, samples=10).median_us)
+            mb, mn = statistics.median(tb), statistics.median(tn)
+            share_b = base.nbytes / (mb * 1e-6) / 1e9 / base.copy_gbps
+            share_n = new.nbytes / (mn * 1e-6) / 1e9 / base.copy_gbps
+            ratios.append(mb / mn)
+            records.append(dict(dtype=dtype, hidden=hidden, config=config.to_dict(),
+                                base_us=mb, new_us=mn, base_share=share_b, new_share=share_n,
+                                base_err=ob.max_rel_err, new_err=on.max_rel_err))
+            print(f"  {dtype:8s} {hidden:6d} {config.label():44s} base {share_b*100:5.1f}% "
+                  f"new {share_n*100:5.1f}% x{mb/mn:.3f} err {ob.max_rel_err:.1e}/"
+                  f"{on.max_rel_err:.1e}", flush=True)
+        if ratios:
+            best_b = max(r["base_share"] for r in records
+                         if r["dtype"] == dtype and r["hidden"] == hidden and "base_share" in r)
+            best_n = max(r["new_share"] for r in records
+                         if r["dtype"] == dtype and r["hidden"] == hidden and "new_share" in r)
+            print(f"SHAPE {dtype} {hidden}: best base {best_b*100:.1f}% best new {best_n*100:.1f}%"
+                  f" mean x{statistics.mean(ratios):.3f}", flush=True)
+        json.dump(dict(copy_gbps=new.copy_gbps, records=records),
+                  open(out / "ab_lab.json", "w"), indent=1)
+        del new, base
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()
