@@ -4,7 +4,9 @@ Run on the GPU machine from the repo root:
 
     python benchmarks/lab/ab_lab.py --base benchmarks/lab/templates_base --out $OUT
 
-``--base`` holds the templates before the change (copied from git); the working tree's
+``--base`` holds the templates before the change, e.g. ``mkdir -p benchmarks/lab/templates_base
+&& git archive HEAD templates | tar -x --strip-components=1 -C benchmarks/lab/templates_base``
+(an untracked folder, so the device run carries it); the working tree's
 ``templates/`` are the change. For each shape it takes the shipped DB's best distinct configs,
 renders both variants with autonorm's own codegen, compiles them in autonorm's compile pool,
 verifies both against float64 through the product's evaluator (outputs poisoned), then times
