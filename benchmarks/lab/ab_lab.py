@@ -37,10 +37,12 @@ SHAPES = [("bfloat16", h) for h in (768, 1024, 2048, 4096, 8192, 12288, 16384, 3
 class BaseEvaluator(GpuEvaluator):
     """The product's evaluator, rendering from another template tree."""
 
-    base_dir: Path
+    base_dir: Path | None = None
 
     def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
         rendered = self._rendered.get(config)
+        if rendered is None and self.base_dir is None:
+            rendered = self._rendered[config] = codegen.render(config, self.problem, self.limits)
         if rendered is None:
             codegen.code_version()  # hash the working tree's templates before the swap
             saved = an_config.templates_dir
@@ -55,7 +57,8 @@ class BaseEvaluator(GpuEvaluator):
         return rendered
 
 
-def top_configs(db: sqlite3.Connection, dtype: str, hidden: int, k: int) -> list[KernelConfig]:
+def top_configs(db: sqlite3.Connection, dtype: str, hidden: int, k: int,
+                cache: str = "") -> list[KernelConfig]:
     # The shipped DB keeps no timings of its trials: the winner first, then other configs that
     # verified there, cache kinds spread (registers, smem, bulk first).
     win = db.execute("select config from winners where dtype=? and hidden=? and rows_bucket=?",
@@ -68,17 +71,21 @@ def top_configs(db: sqlite3.Connection, dtype: str, hidden: int, k: int) -> list
                   key=lambda r: order[json.loads(r[0])["cache"]])
     picked, seen = list(win), {json.loads(r[0])["cache"] for r in win}
     for r in rest:
-        cache = json.loads(r[0])["cache"]
-        if cache not in seen or len(picked) >= len(order):
+        kind = json.loads(r[0])["cache"]
+        if kind not in seen or len(picked) >= len(order):
             picked.append(r)
-            seen.add(cache)
+            seen.add(kind)
     rows = picked[:k]
+    if cache:  # only this cache kind, from every verified trial config
+        rows = [r for r in list(win) + rest if json.loads(r[0])["cache"] == cache][:k]
     return [KernelConfig.from_dict(json.loads(r[0])) for r in rows]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
+    ap.add_argument("--new", default="", help="templates of the change (default: templates/)")
+    ap.add_argument("--cache", default="", help="only configs of this cache kind")
     ap.add_argument("--out", default="/tmp/out")
     ap.add_argument("--top", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=4)
@@ -93,7 +100,7 @@ def main() -> None:
     if args.only:
         want = {(d, int(h)) for d, h in (s.split(":") for s in args.only.split(","))}
         shapes = [s for s in SHAPES if s in want]
-    plan = {s: top_configs(db, *s, args.top) for s in shapes}
+    plan = {s: top_configs(db, *s, args.top, args.cache) for s in shapes}
     pool = compiler.CompilePool()
     records = []
     for (dtype, hidden), configs in plan.items():
@@ -102,7 +109,8 @@ def main() -> None:
             break
         problem = Problem(hidden, dtype)
         rows = (1 << 26) // hidden
-        new = GpuEvaluator(problem, rows, pool=pool)
+        new = BaseEvaluator(problem, rows, pool=pool)
+        new.base_dir = Path(args.new).resolve() if args.new else None
         base = BaseEvaluator(problem, rows, pool=pool)
         base.base_dir = Path(args.base).resolve()
         new.prepare(configs)
