@@ -270,6 +270,53 @@ def test_templates_hash_covers_the_kernel_templates():
     assert templates_hash() == digest.hexdigest()[:12]
 
 
+
+def test_templates_hash_covers_every_template_a_kernel_imports():
+    # A kernel template's imports shape its code: an import left out of the hash would let a
+    # changed kernel match winners measured on the old one.
+    from autonorm import config
+    from autonorm.codegen import KERNEL_TEMPLATES
+
+    for name in KERNEL_TEMPLATES:
+        text = (config.templates_dir() / name).read_text()
+        for used in re.findall(r'{%-?\s*(?:import|include|from)\s+"([^"]+)"', text):
+            assert used in KERNEL_TEMPLATES, f"{name} imports {used}, not hashed"
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
+    # 16-bit stores convert two values per instruction and normalize with one fma on x - shift;
+    # fp32 keeps ((x - shift) - mean) * rstd (offset rows, 1e-7). NOTES.md, item 14.
+    cache = dict(cache="bulk", stages=2) if bulk else dict(cache="smem")
+    for dtype, pair in (("bfloat16", "__floats2bfloat162_rn"), ("float16", "__floats2half2_rn"),
+                        ("float32", None)):
+        problem = Problem(8192, dtype)
+        vec = 16 // problem.itemsize
+        src = render(KernelConfig(threads=256, vec=vec, stats="two_pass", **cache), problem,
+                     H200).source
+        if pair:
+            assert f"= {pair}(o[k], o[k + 1]);" in src
+            assert "const float nmr = -mean * rstd;" in src
+            assert "const float centre = shift + mean;" in src
+        else:
+            assert "__floats2" not in src and "nmr" not in src
+            assert "- shift) - mean) * rstd;" in src
+
+
+def test_short_16bit_register_rows_are_held_as_fp32():
+    bf16, fp32 = Problem(1024, "bfloat16"), Problem(1024, "float32")
+    short = KernelConfig(threads=128, vec=8, rows_per_block=4, cache="registers")  # 4 vectors
+    assert holds_fp32_row(short, bf16, 4)
+    assert "float fc[ITERS][V];" in render(short, bf16, H200).source
+    assert not holds_fp32_row(short, fp32, 8)
+    assert not holds_fp32_row(dataclasses.replace(short, cache="smem"), bf16, 4)
+    # 64 elements per thread would double a row's registers: kept packed.
+    assert not holds_fp32_row(short, bf16, 8)
+    wide = KernelConfig(threads=128, vec=8, cache="registers")
+    src = render(wide, Problem(8192, "bfloat16"), H200).source  # 8 vectors per thread
+    assert "fc[" not in src and "to_f(xv.v[k])" in src
+
+
 # --------------------------------------------------------------------------- launch plans
 
 

@@ -226,3 +226,29 @@ def test_layer_norm_zero_rows():
     y = dispatch.layer_norm(x, w, np.zeros(64, np.float32))
     assert isinstance(y, np.ndarray)
     assert y.shape == (0, 64) and y.dtype == np.float32
+
+
+SHIPPED_GRID = [(dtype, hidden, (1 << 26) // hidden)
+                for dtype in ("bfloat16", "float16", "float32")
+                for hidden in (768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)]
+SHIPPED_BUCKETS = [(dtype, 16384, rows) for dtype in ("bfloat16", "float16", "float32")
+                   for rows in (1, 8, 64, 512)] + [
+                   (dtype, hidden, 4096) for dtype in ("bfloat16", "float16", "float32")
+                   for hidden in (4096, 8192)]
+
+
+@pytest.mark.parametrize(("dtype", "hidden", "rows"), SHIPPED_GRID + SHIPPED_BUCKETS)
+def test_the_repos_shipped_db_serves_the_benchmark_grid_on_an_h200(
+        dtype, hidden, rows, tmp_path, monkeypatch):
+    # The shipped winners are keyed by the kernel templates' hash: a template change (even a
+    # comment) without a re-tune would leave an H200 on defaults. This catches it on the CPU.
+    import autonorm.device
+    from autonorm import config
+
+    monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
+    monkeypatch.delenv("AUTONORM_SHIPPED_DB", raising=False)
+    monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
+    monkeypatch.setattr(autonorm.device, "query_device", lambda device_id=None: H200)
+    assert config.shipped_db_path() is not None
+    choice = dispatch.choose_config(Problem(hidden, dtype), rows)
+    assert choice.source == "shipped", (choice, codegen.code_version())
