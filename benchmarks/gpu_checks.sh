@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One GPU session's checks, in order (run from the repo root on the GPU machine, OUT set):
-# GPU tests, a cold-start tune of the main job, dispatch to its winner; `buckets` tunes the
-# row-count buckets of the latency and LLM shapes into $OUT/ship.db (copy its winners rows
-# into tuning_db/autonorm.db with sqlite ATTACH; same device fingerprint and code version).
-# Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh tests|tune|buckets
+# GPU tests, a cold-start tune of the main job, dispatch to its winner; `grid` and `buckets`
+# re-tune the shipped DB (needed after any kernel-template change: the winners are keyed by the
+# templates' hash, and tests/test_dispatch.py fails until the DB matches).
+# Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh tests|tune|grid|buckets
+# Shipping after grid + buckets (two calls, each leaves a DB under $OUT):
+#   cp <grid OUT>/ship.db tuning_db/autonorm.db
+#   python benchmarks/lab/merge_db.py <buckets OUT>/buckets.db tuning_db/autonorm.db
 set -u
 export PYTHONUNBUFFERED=1 AUTONORM_CACHE_DIR=${AUTONORM_CACHE_DIR:-/tmp/autonorm-cache}
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-/tmp/cupy-cache}
@@ -33,10 +36,18 @@ err = float(cupy.linalg.norm(y.astype(cupy.float64) - ref) / cupy.linalg.norm(re
 print("dispatch chose", c.source, c.config.label(), "rel err", f"{err:.2e}")
 PY
 fi
+if [[ $suite == grid ]]; then
+  # The benchmark grid: 3 dtypes x 9 hidden sizes at rows = 2^26 / hidden (~270 s on an H200).
+  AUTONORM_DB=$OUT/ship.db timeout 330 python3 benchmarks/tune_grid.py --dtypes bf16,fp32,fp16 \
+    --trials 24 --timeout 10 2>&1 | tee "$OUT/grid.log"
+fi
 if [[ $suite == buckets ]]; then
-  # Latency rows at hidden 16384 and the LLM token counts at 4096/8192 (peers.py's shapes).
-  AUTONORM_DB=$OUT/ship.db timeout 280 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
-    --hidden 16384 --rows 1,8,64,512 --trials 16 --timeout 6 2>&1 | tee "$OUT/buckets.log"
-  AUTONORM_DB=$OUT/ship.db timeout 250 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
-    --hidden 4096,8192 --rows 4096 --trials 24 --timeout 8 2>&1 | tee -a "$OUT/buckets.log"
+  # The LLM token count at 4096/8192 and the latency rows at 16384 (peers.py's shapes). Rows 64
+  # and 512 need more trials: with 10, rows 512 stopped at 51% of copy; with 30, 68% (bulk).
+  AUTONORM_DB=$OUT/buckets.db timeout 100 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
+    --hidden 4096,8192 --rows 4096 --trials 12 --timeout 5 2>&1 | tee "$OUT/buckets.log"
+  AUTONORM_DB=$OUT/buckets.db timeout 60 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
+    --hidden 16384 --rows 1,8 --trials 10 --timeout 3 2>&1 | tee -a "$OUT/buckets.log"
+  AUTONORM_DB=$OUT/buckets.db timeout 200 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
+    --hidden 16384 --rows 64,512 --trials 30 --timeout 12 2>&1 | tee -a "$OUT/buckets.log"
 fi
