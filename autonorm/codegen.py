@@ -104,11 +104,11 @@ class RenderedKernel:
 FP32_ROW_MAX = 32
 
 
-def holds_fp32_row(config_: KernelConfig, problem: Problem, iters: int) -> bool:
+def holds_fp32_row(config_: KernelConfig, problem: Problem) -> bool:
     """Whether a register row cache holds its 16-bit elements converted to fp32."""
     return (
         config_.cache == "registers" and problem.itemsize == 2
-        and iters * config_.vec <= FP32_ROW_MAX
+        and derive_shape(config_, problem).iters * config_.vec <= FP32_ROW_MAX
     )
 
 
@@ -204,7 +204,7 @@ def render(
         "min_blocks": min_blocks,
         "cache": config_.cache,
         "PREFETCH": prefetches(config_),
-        "FCACHE": holds_fp32_row(config_, problem, shape.iters),
+        "FCACHE": holds_fp32_row(config_, problem),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,

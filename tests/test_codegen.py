@@ -218,10 +218,8 @@ def test_stable_variants_shift_each_row(cache, stats):
         assert "const float shift = to_f(x[row_base]);" in k.source
         assert "xf - shift" in k.source
         # fp32 outputs subtract the mean before scaling (offset rows, 1e-7); 16-bit outputs fold
-        # -mean * rstd into one fma on x - shift.
-        # Short 16-bit register rows are held as fp32 (fc), converted once.
-        xf = "fc[it][k]" if holds_fp32_row(k.config, problem, 4096 // vec // 256) \
-            else "to_f(xv.v[k])"
+        # -mean * rstd into one fma on x - shift, reading short register rows held as fp32 (fc).
+        xf = "fc[it][k]" if holds_fp32_row(k.config, problem) else "to_f(xv.v[k])"
         normalize = ("(to_f(xv.v[k]) - shift) - mean" if dtype == "float32"
                      else f"fmaf({xf} - shift, rstd, nmr)")
         assert normalize in k.source
@@ -270,7 +268,6 @@ def test_templates_hash_covers_the_kernel_templates():
     assert templates_hash() == digest.hexdigest()[:12]
 
 
-
 def test_templates_hash_covers_every_template_a_kernel_imports():
     # A kernel template's imports shape its code: an import left out of the hash would let a
     # changed kernel match winners measured on the old one.
@@ -306,12 +303,12 @@ def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
 def test_short_16bit_register_rows_are_held_as_fp32():
     bf16, fp32 = Problem(1024, "bfloat16"), Problem(1024, "float32")
     short = KernelConfig(threads=128, vec=8, rows_per_block=4, cache="registers")  # 4 vectors
-    assert holds_fp32_row(short, bf16, 4)
+    assert holds_fp32_row(short, bf16)
     assert "float fc[ITERS][V];" in render(short, bf16, H200).source
-    assert not holds_fp32_row(short, fp32, 8)
-    assert not holds_fp32_row(dataclasses.replace(short, cache="smem"), bf16, 4)
-    # 64 elements per thread would double a row's registers: kept packed.
-    assert not holds_fp32_row(short, bf16, 8)
+    assert not holds_fp32_row(dataclasses.replace(short, vec=4), fp32)
+    assert not holds_fp32_row(dataclasses.replace(short, cache="smem"), bf16)
+    # 64 elements per thread (8 vectors of 8) would double a row's registers: kept packed.
+    assert not holds_fp32_row(short, Problem(2048, "bfloat16"))
     wide = KernelConfig(threads=128, vec=8, cache="registers")
     src = render(wide, Problem(8192, "bfloat16"), H200).source  # 8 vectors per thread
     assert "fc[" not in src and "to_f(xv.v[k])" in src

@@ -20,10 +20,10 @@ def main(src: str, dst: str) -> None:
     con = sqlite3.connect(dst)
     con.execute("attach ? as s", (src,))
     taken = 0
+    cols = [d[0] for d in con.execute("select * from s.winners limit 0").description]
+    where = " and ".join(f"{k}=?" for k in KEY)
     for row in con.execute("select * from s.winners").fetchall():
-        cols = [d[0] for d in con.execute("select * from s.winners limit 0").description]
         rec = dict(zip(cols, row, strict=True))
-        where = " and ".join(f"{k}=?" for k in KEY)
         old = con.execute(f"select metrics from main.winners where {where}",
                           [rec[k] for k in KEY]).fetchone()
         new_share = json.loads(rec["metrics"]).get("share", 0)
