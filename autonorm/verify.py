@@ -2,11 +2,12 @@
 
 Every candidate passes through :func:`verify` before it is timed. The inputs are chosen to
 break wrong kernels: random normal rows; rows far from zero (mean 1000, spread 0.1 in fp32) that
-an unshifted one-pass variance gets wrong; constant rows (variance zero: the output must equal
-the bias exactly); large and tiny magnitudes; a row count that no rows-per-block divides; and a
-one-cluster grid that forces every block through the grid-stride loop. The output is poisoned
-with NaN first, plus one guard row past the end: any element left unwritten, or written out of
-bounds, fails.
+an unshifted one-pass variance gets wrong, and the same rows with an outlier where the shift is
+taken (an uncorrected two-pass mean loses bits there); constant rows (variance zero: the output
+must equal the bias exactly); large and tiny magnitudes; a row count that no rows-per-block
+divides; and a one-cluster grid that forces every block through the grid-stride loop. The output
+is poisoned with NaN first, plus one guard row past the end: any element left unwritten, or
+written out of bounds, fails.
 """
 
 from __future__ import annotations
@@ -73,11 +74,18 @@ def make_cases(problem: Problem, seed: int = 0, rows: int = VERIFY_ROWS) -> list
     normal = rng.standard_normal((rows, n))
     mean, spread = _OFFSET[problem.dtype]
     offset = mean + spread * rng.standard_normal((rows, n))
+    # The shift is the first element of a row (or of a cluster's segment): make it an outlier,
+    # 3000 spreads above an offset row's mean. fp32 emulation of the uncorrected two-pass
+    # (benchmarks/lab/shift_emulation.py): 1.9e-6 to 7.3e-6 at hidden 4096-16384, over the 2e-6
+    # tolerance; the corrected two-pass: 1e-8 to 3e-7.
+    outlier_first = offset.copy()
+    outlier_first[:, [0, n // 2]] = mean + 3000 * spread
     constant = np.repeat(rng.uniform(-3, 3, (rows, 1)), n, axis=1)
     return [
         Case("normal", normal),
         Case("normal-one-cluster-grid", normal, small_grid=True),
         Case("offset", offset),
+        Case("offset-outlier-first", outlier_first),
         Case("constant", constant, expect_bias=True),
         Case("large", _LARGE[problem.dtype] * rng.standard_normal((rows, n))),
         Case("tiny", 1e-3 * rng.standard_normal((rows, n))),

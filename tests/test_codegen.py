@@ -220,8 +220,8 @@ def test_stable_variants_shift_each_row(cache, stats):
         # fp32 outputs subtract the mean before scaling (offset rows, 1e-7); 16-bit outputs fold
         # -mean * rstd into one fma on x - shift, reading short register rows held as fp32 (fc).
         xf = "fc[it][k]" if holds_fp32_row(k.config, problem) else "to_f(xv.v[k])"
-        normalize = ("(to_f(xv.v[k]) - shift) - mean" if dtype == "float32"
-                     else f"fmaf({xf} - shift, rstd, nmr)")
+        normalize = ("(to_f(xv.v[k]) - cshift) - cmean" if dtype == "float32"
+                     else f"fmaf({xf} - cshift, rstd, nmr)")
         assert normalize in k.source
         assert "DELIBERATELY UNSTABLE" not in k.source
         assert "const float shift = 0.f;" not in k.source
@@ -293,11 +293,12 @@ def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
                      H200).source
         if pair:
             assert f"= {pair}(o[k], o[k + 1]);" in src
-            assert "const float nmr = -mean * rstd;" in src
+            assert "const float nmr = -cmean * rstd;" in src
             assert "const float centre = shift + mean;" in src
         else:
             assert "__floats2" not in src and "nmr" not in src
-            assert "- shift) - mean) * rstd;" in src
+            assert "- cshift) - cmean) * rstd;" in src
+            assert "s3 += d;" in src  # corrected two-pass
 
 
 def test_short_16bit_register_rows_are_held_as_fp32():
