@@ -25,7 +25,7 @@ from autonorm.reference import (
     measure_error,
     to_float64,
 )
-from autonorm.space import Problem
+from autonorm.space import KernelConfig, Problem
 
 # Rows per verification case: prime, so no rows_per_block (1..32) divides it and the last tile
 # is always partial.
@@ -37,6 +37,22 @@ _OFFSET = {"float32": (1000.0, 0.1), "float16": (300.0, 1.0), "bfloat16": (64.0,
 _LARGE = {"float32": 1e4, "float16": 1e3, "bfloat16": 1e4}
 _POISON = {"float32": 0xFFFFFFFF, "float16": 0xFFFF, "bfloat16": 0xFFFF}
 _BITS = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
+
+
+# The case that puts an outlier where the shift is taken, by name (see make_cases).
+OUTLIER_CASE = "offset-outlier-first"
+
+
+def may_fail_outlier_case(config: KernelConfig, problem: Problem) -> bool:
+    """Whether ``config`` is known to fall short of the fp32 tolerance on an outlier shift.
+
+    fp32 Welford accumulates x - shift about the row's first element in one pass; when that
+    element is thousands of spreads from the mean, the running mean loses bits. Measured on the
+    H200 (2026-11-29, NOTES.md 19): relative L2 error 2.1e-6 to 5.0e-5 on the outlier case
+    against the 2e-6 tolerance, while the corrected two-pass stays under 1.3e-7. The verifier
+    rejects such a candidate, so it never wins; the tests expect exactly this failure of it.
+    """
+    return problem.dtype == "float32" and config.stats == "welford"
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,7 @@ def make_cases(problem: Problem, seed: int = 0, rows: int = VERIFY_ROWS) -> list
         Case("normal", normal),
         Case("normal-one-cluster-grid", normal, small_grid=True),
         Case("offset", offset),
-        Case("offset-outlier-first", outlier_first),
+        Case(OUTLIER_CASE, outlier_first),
         Case("constant", constant, expect_bias=True),
         Case("large", _LARGE[problem.dtype] * rng.standard_normal((rows, n))),
         Case("tiny", 1e-3 * rng.standard_normal((rows, n))),

@@ -13,7 +13,7 @@ from fake_evaluator import FakeEvaluator, fake_median_us
 from optuna.trial import FixedTrial, TrialState
 
 from autonorm import tuner
-from autonorm.codegen import LaunchPlan, render
+from autonorm.codegen import LaunchPlan, holds_fp32_tile, render
 from autonorm.compiler import compile_offline, nvcc_path
 from autonorm.space import (
     BULK_MAX_ITERS,
@@ -308,6 +308,8 @@ RENDER_CASES = [
     (KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2), Problem(65536, "bfloat16")),
     (KernelConfig(512, 4, 1, "bulk", "two_pass", 4, 0, 3), Problem(65536, "float32")),
     (KernelConfig(128, 8, 1, "bulk", "two_pass", 8, 0, 4), Problem(16384, "bfloat16")),
+    # a 16-element tile held as fp32 (lab 17)
+    (KernelConfig(1024, 8, 2, "bulk", "two_pass", 1, 0, 2), Problem(8192, "bfloat16")),
 ]
 
 
@@ -324,11 +326,31 @@ def test_render_bulk(cfg, problem):
     assert ("const Vec bv" in src) == problem.has_bias
     blocks, wreg = bulk_occupancy(cfg, problem)
     assert f"__launch_bounds__({cfg.threads}, {blocks})" in src
-    assert ("Vec wr[ITERS];" in src) == (wreg and problem.has_weight)
-    assert ("Vec br[ITERS];" in src) == (wreg and problem.has_bias)
+    ftile = holds_fp32_tile(cfg, problem)
+    assert ("float fx[ITERS][V];" in src) == ftile
+    assert ("Vec wr[ITERS];" in src) == (wreg and not ftile and problem.has_weight)
+    assert ("Vec br[ITERS];" in src) == (wreg and not ftile and problem.has_bias)
+    assert src.count("if (t2 < tiles) fetch_tile(") == 1  # one refill per tile, either way
     assert f"constexpr int S = {cfg.stages};" in src
     assert a.launch.blocks_per_sm == blocks and a.launch.resident
     assert "{{" not in src and "{%" not in src and src.count("{") == src.count("}")
+
+
+def test_fp32_tile_only_for_short_16bit_tiles():
+    # Lab 17 (H200): 16-element tiles at t1024 x1.02-1.05; 32-element tiles at 64 registers
+    # spilled 48-56 bytes; fp32 tiles need no conversion.
+    bf16 = Problem(16384, "bfloat16")
+    t1024 = KernelConfig(1024, 8, 1, "bulk", "two_pass", 1, 0, 2)  # 2 vectors per thread
+    assert holds_fp32_tile(t1024, bf16)
+    assert holds_fp32_tile(t1024, Problem(16384, "float16"))
+    assert not holds_fp32_tile(dataclasses.replace(t1024, threads=512), bf16)  # 32 elements
+    assert not holds_fp32_tile(dataclasses.replace(t1024, vec=4), Problem(16384, "float32"))
+    assert not holds_fp32_tile(KernelConfig(1024, 8, 1, "registers"), bf16)
+    src = render(t1024, bf16).source
+    assert src.split("float fx[ITERS][V];")[1].count("to_f(xv.v[q])") == 1  # converted once
+    # the stage is refilled once per tile, right after the tile left it
+    assert src.count("fetch_tile(stages + (size_t)s * R * SEG, x, t2 * R") == 1
+    assert "every thread holds its part of the tile: refill stage s" in src
 
 
 def test_render_differs_by_stages():

@@ -82,15 +82,43 @@ BROKEN = {
     "no-cluster-merge": (
         KernelConfig(512, 4, 1, "bulk", "two_pass", 2, 0, 2),
         Problem(32768, "float32"),
-        ("mean = m_acc - (shift - s0);", "(void)m_acc;"),
+        ("cmean = m_acc - (cshift - s0);", "(void)m_acc;"),
     ),
-    # The shift is dropped: rows near 1000 lose their variance in the normalization.
-    "no-shift": (
+    # Pass 2 about zero instead of the row's centre: E[x^2] - E[x]^2, and rows near 1000 lose
+    # their variance. (Dropping only the shift no longer breaks fp32: the corrected two-pass
+    # re-centres on pass 1's mean; measured passing on the H200, 2026-11-29.)
+    "uncentred-pass-2": (
         KernelConfig(512, 4, 1, "bulk", "two_pass", 1, 0, 2),
         Problem(4096, "float32"),
-        ("const float shift = to_f(srow[0]);", "const float shift = 0.f;"),
+        ("const float centre = shift + mean;", "const float centre = 0.f;"),
     ),
 }
+
+
+# The fp32 two-pass before the correction (NOTES.md 18): the segment's mean is pass 1's sum of
+# x - shift alone, about the shift.
+UNCORRECTED = (
+    "    const float cshift = centre;\n"
+    "    float cmean = s3 * INV_SEG;  // of x - centre, over this segment\n"
+    "    s2 = fmaxf(s2 - (float)SEG * cmean * cmean, 0.f);\n",
+    "    const float cshift = shift;\n"
+    "    float cmean = mean;\n",
+)
+
+
+@pytest.mark.parametrize(("hidden", "cluster"), [(16384, 1), (65536, 4)])
+def test_uncorrected_two_pass_fails_only_on_an_outlier_shift(hidden: int, cluster: int) -> None:
+    """The check can fail: an outlier first element costs the uncorrected fp32 two-pass bits."""
+    from autonorm.verify import verify
+
+    problem = Problem(hidden, "float32")
+    config = KernelConfig(512, 4, 1, "bulk", "two_pass", cluster, 0, 2)
+    good = verify(_kernel(config, problem), problem)
+    assert good.ok, good.summary()
+    assert good.errors["offset-outlier-first"].rel_l2 <= 1e-6
+    bad = verify(_kernel(config, problem, UNCORRECTED), problem)
+    assert not bad.ok
+    assert all(f.startswith("offset-outlier-first:") for f in bad.failures), bad.failures
 
 
 # Not here: a variant that never refills a stage. It waits on its mbarrier forever and hung the
