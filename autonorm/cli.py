@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -66,7 +65,17 @@ def _default_rows(hidden: int) -> int:
 @click.version_option(__version__, prog_name="autonorm")
 def main() -> None:
     """autonorm: generate, tune and run fast, exact CUDA LayerNorm kernels."""
-    logging.getLogger("optuna").setLevel(logging.WARNING)
+
+
+def _quiet_optuna() -> None:
+    """Keep Optuna's INFO lines ("A new study created ...") out of the CLI's output.
+
+    Optuna sets its logger to INFO when it is first imported, so this runs after the import
+    (setting the "optuna" logger's level before it was undone: the line showed on the H200).
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _common_problem_options(func: Any) -> Any:
@@ -84,6 +93,7 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
     """Entry point of one `--workers` process (module level so spawn can import it)."""
     from autonorm import tuner
 
+    _quiet_optuna()
     problem = Problem(**spec["problem"])
     _, evaluator, limits, on_trial, db = _tuning_parts(problem, spec["rows"], quiet=True)
     try:
@@ -150,6 +160,7 @@ def tune(
     from autonorm import dispatch, tuner
     from autonorm.device import NoGPUError, query_device
 
+    _quiet_optuna()
     problem = _problem(hidden, dtype, not no_weight, not no_bias)
     rows = rows or _default_rows(hidden)
     if rows < 1:
