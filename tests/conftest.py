@@ -19,3 +19,14 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def quiet_optuna():
+    """Optuna at WARNING for one test (tuner and isolation tests run many studies)."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    yield
+    optuna.logging.set_verbosity(level)

@@ -52,12 +52,7 @@ BF16 = Problem(hidden=4096, dtype="bfloat16")
 SCRIPTED = (GOOD, OTHER, THIRD, CRASH, HANG, FAULT, CUDA_RAISE, BUG)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_optuna():
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    yield
-    optuna.logging.set_verbosity(level)
+pytestmark = pytest.mark.usefixtures("quiet_optuna")
 
 
 @pytest.fixture

@@ -37,12 +37,7 @@ BF16 = Problem(hidden=4096, dtype="bfloat16")
 QUIET = {"progress": False, "limits": H200}
 
 
-@pytest.fixture(autouse=True)
-def _quiet_optuna():
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    yield
-    optuna.logging.set_verbosity(level)
+pytestmark = pytest.mark.usefixtures("quiet_optuna")
 
 
 def load(path: Path, name: str) -> optuna.Study:
