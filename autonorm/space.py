@@ -51,8 +51,8 @@ MAX_CACHE_ITERS = 16
 MAX_CACHE_ELEMS = 64
 OTHER_REGS = 40
 # Shared memory the kernel needs besides the row cache: reduction scratch, 2 buffers x 32 warps x
-# 3 floats, plus the cluster exchange slots.
-SCRATCH_SMEM = 2 * 32 * 3 * 4 + 2 * 4 * 4
+# 4 floats (Welford's count, shift, mean and M2), plus the cluster exchange slots.
+SCRATCH_SMEM = 2 * 32 * 4 * 4 + 2 * 4 * 4
 # The bulk-copy kernel's registers besides weights held in registers, and the most weight/bias
 # vectors it holds per thread. ptxas -v on sm_90 (lab sweep, 2026-11-29): with weights of 8
 # vectors in registers and a cluster of 2 a 512-thread kernel fit 128 registers without spills;
