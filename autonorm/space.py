@@ -555,8 +555,7 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
         if not check(cfg, problem, device):
             return cfg
     # Rows past one block's shared memory: split across a cluster (Hopper) and keep the two-pass
-    # statistics, which stay exact when the shift is an outlier (fp32 Welford does not:
-    # verify.may_fail_outlier_case).
+    # statistics (Welford without a cache re-reads x from global memory to normalize).
     for cluster in CLUSTERS[1:]:
         cfg = KernelConfig(1024, vec, 1, "smem", "two_pass", cluster, 0)
         if not check(cfg, problem, device):

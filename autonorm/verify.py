@@ -25,7 +25,7 @@ from autonorm.reference import (
     measure_error,
     to_float64,
 )
-from autonorm.space import KernelConfig, Problem
+from autonorm.space import Problem
 
 # Rows per verification case: prime, so no rows_per_block (1..32) divides it and the last tile
 # is always partial.
@@ -41,18 +41,6 @@ _BITS = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16}
 
 # The case that puts an outlier where the shift is taken, by name (see make_cases).
 OUTLIER_CASE = "offset-outlier-first"
-
-
-def may_fail_outlier_case(config: KernelConfig, problem: Problem) -> bool:
-    """Whether ``config`` is known to fall short of the fp32 tolerance on an outlier shift.
-
-    fp32 Welford accumulates x - shift about the row's first element in one pass; when that
-    element is thousands of spreads from the mean, the running mean loses bits. Measured on the
-    H200 (2026-11-29, NOTES.md 19): relative L2 error 2.1e-6 to 5.0e-5 on the outlier case
-    against the 2e-6 tolerance, while the corrected two-pass stays under 1.3e-7. The verifier
-    rejects such a candidate, so it never wins; the tests expect exactly this failure of it.
-    """
-    return problem.dtype == "float32" and config.stats == "welford"
 
 
 @dataclass(frozen=True)
