@@ -115,7 +115,8 @@ def holds_fp32_row(config_: KernelConfig, problem: Problem) -> bool:
 # The bulk kernel holds a 16-bit tile as fp32 in registers up to this many elements per thread
 # (then its weights are read from L1 for every row, as in the other kernels, and their register
 # budget goes to the tile). Lab 17 (H200): x1.02-1.05 on every 16-element tile (t1024 at 8192
-# and 16384); most 32-element tiles at 64 registers spilled 48-56 bytes.
+# and 16384); most 32-element tiles at 64 registers spilled 48-56 bytes, and with the grid sized
+# for their registers (one 512-thread block per SM) they ran x0.91-1.01 (NOTES.md 25).
 FP32_TILE_MAX = 16
 
 
