@@ -18,16 +18,17 @@ the medians of rounds is the result. Prints per-config lines and a per-shape sum
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sqlite3
 import statistics
 import time
 from pathlib import Path
 
-from autonorm import codegen, compiler
+from autonorm import codegen, compiler, space
 from autonorm import config as an_config
 from autonorm.evaluator import GpuEvaluator
-from autonorm.space import KernelConfig, Problem
+from autonorm.space import KernelConfig, Problem, derive_shape
 
 GRID = (768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
 SHAPES = [(d, h) for d in ("bfloat16", "float16", "float32") for h in GRID]
@@ -37,6 +38,7 @@ class BaseEvaluator(GpuEvaluator):
     """The product's evaluator, rendering from another template tree."""
 
     base_dir: Path | None = None
+    base_tile_max: int = codegen.FP32_TILE_MAX
 
     def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
         rendered = self._rendered.get(config)
@@ -44,16 +46,16 @@ class BaseEvaluator(GpuEvaluator):
             rendered = self._rendered[config] = codegen.render(config, self.problem, self.limits)
         if rendered is None:
             codegen.code_version()  # hash the working tree's templates before the swap
-            saved = an_config.templates_dir, codegen.holds_fp32_tile
+            saved = an_config.templates_dir, codegen.FP32_TILE_MAX
             an_config.templates_dir = lambda: self.base_dir  # type: ignore[assignment]
-            # Base trees from before the bulk kernel's fp32 tile: render their weights in
-            # registers as shipped (the new codegen gives those registers to the tile).
-            codegen.holds_fp32_tile = lambda *a, **k: False  # type: ignore[assignment]
+            # The base's fp32-tile limit (0 for trees from before the tile), which
+            # codegen.holds_fp32_tile reads at render time: the base renders as it shipped.
+            codegen.FP32_TILE_MAX = self.base_tile_max
             codegen.template_environment.cache_clear()  # the environment is cached per process
             try:
                 rendered = codegen.render(config, self.problem, self.limits)
             finally:
-                an_config.templates_dir, codegen.holds_fp32_tile = saved  # type: ignore[assignment]
+                an_config.templates_dir, codegen.FP32_TILE_MAX = saved  # type: ignore[assignment]
                 codegen.template_environment.cache_clear()
             self._rendered[config] = rendered
         return rendered
@@ -94,7 +96,13 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--only", default="", help="comma list of dtype:hidden")
     ap.add_argument("--ftile", action="store_true",
-                    help="only bulk configs that hold their tile as fp32 (codegen.holds_fp32_tile)")
+                    help="only bulk configs that hold their tile as fp32 (codegen.holds_fp32_tile)"
+                    " and not in the base (--base-tile-max)")
+    ap.add_argument("--base-tile-max", type=int, default=codegen.FP32_TILE_MAX,
+                    help="the base's codegen.FP32_TILE_MAX (0: a tree from before the fp32 tile)")
+    ap.add_argument("--stats", default="",
+                    help="time these statistics instead: each picked config with stats replaced"
+                    " (e.g. welford; the bulk kernel has two-pass only, so bulk configs drop out)")
     args = ap.parse_args()
     t0 = time.time()
     out = Path(args.out)
@@ -110,12 +118,20 @@ def main() -> None:
             every = top_configs(db, dtype, hidden, 10_000, "bulk")
             # the shape's winner first, as the bar the fp32-tile configs must clear
             winner = top_configs(db, dtype, hidden, 1)
+            problem = Problem(hidden, dtype)
             plan[dtype, hidden] = winner + [
                 c for c in every
-                if codegen.holds_fp32_tile(c, Problem(hidden, dtype)) and c not in winner
+                if codegen.holds_fp32_tile(c, problem) and c not in winner
+                and derive_shape(c, problem).iters * c.vec > args.base_tile_max
             ][:args.top]
         else:
             plan[dtype, hidden] = top_configs(db, dtype, hidden, args.top, args.cache)
+        if args.stats:
+            problem = Problem(hidden, dtype)
+            swapped = [dataclasses.replace(c, stats=args.stats) for c in
+                       top_configs(db, dtype, hidden, 10_000, args.cache) if c.cache != "bulk"]
+            plan[dtype, hidden] = list(dict.fromkeys(
+                c for c in swapped if space.is_valid(c, problem)))[:args.top]
     pool = compiler.CompilePool()
     records = []
     for (dtype, hidden), configs in plan.items():
@@ -128,6 +144,7 @@ def main() -> None:
         new.base_dir = Path(args.new).resolve() if args.new else None
         base = BaseEvaluator(problem, rows, pool=pool)
         base.base_dir = Path(args.base).resolve()
+        base.base_tile_max = args.base_tile_max
         new.prepare(configs)
         base.prepare(configs)
         ratios = []
