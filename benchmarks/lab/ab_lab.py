@@ -28,7 +28,7 @@ from pathlib import Path
 from autonorm import codegen, compiler, space
 from autonorm import config as an_config
 from autonorm.evaluator import GpuEvaluator
-from autonorm.space import KernelConfig, Problem, derive_shape
+from autonorm.space import KernelConfig, Problem, derive_shape, rows_bucket
 
 GRID = (768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
 SHAPES = [(d, h) for d in ("bfloat16", "float16", "float32") for h in GRID]
@@ -66,10 +66,10 @@ def top_configs(db: sqlite3.Connection, dtype: str, hidden: int, k: int,
     # The shipped DB keeps no timings of its trials: the winner first, then other configs that
     # verified there, cache kinds spread (registers, smem, bulk first).
     win = db.execute("select config from winners where dtype=? and hidden=? and rows_bucket=?",
-                     (dtype, hidden, (1 << 26) // hidden)).fetchall()
+                     (dtype, hidden, rows_bucket((1 << 26) // hidden))).fetchall()
     rest = db.execute(
         "select distinct config from trials where dtype=? and hidden=? and status='ok' "
-        "and rows_bucket=?", (dtype, hidden, (1 << 26) // hidden)).fetchall()
+        "and rows_bucket=?", (dtype, hidden, rows_bucket((1 << 26) // hidden))).fetchall()
     order = {"registers": 0, "smem": 1, "bulk": 2, "none": 3}
     rest = sorted((r for r in rest if r not in win),
                   key=lambda r: order[json.loads(r[0])["cache"]])

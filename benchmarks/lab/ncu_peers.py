@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from autonorm import codegen, compiler
-from autonorm.space import H200, KernelConfig, Problem
+from autonorm.space import H200, KernelConfig, Problem, rows_bucket
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         dtype, hidden = spec.split(":")[0], int(spec.split(":")[1])
         rows = (1 << 26) // hidden
         (cfg,) = db.execute("select config from winners where dtype=? and hidden=? and "
-                            "rows_bucket=?", (dtype, hidden, rows)).fetchone()
+                            "rows_bucket=?", (dtype, hidden, rows_bucket(rows))).fetchone()
         config = KernelConfig.from_dict(json.loads(cfg))
         kernel = compiler.compile_kernel(codegen.render(config, Problem(hidden, dtype), H200))
         tdt = getattr(torch, dtype)
