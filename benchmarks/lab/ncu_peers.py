@@ -1,4 +1,7 @@
-"""Launch autonorm's shipped winner and torch.compile's LayerNorm at a few shapes, for ncu.
+"""Launch autonorm's dispatched kernel and torch.compile's LayerNorm at a few shapes, for ncu.
+
+The kernel is the one `autonorm.layer_norm` would launch (`dispatch.get_kernel`: the user DB,
+then the shipped DB, by row bucket).
 
 Only the launches between cudaProfilerStart/Stop are profiled (torch.compile's own warm-up and
 autotuning stay outside):
@@ -11,28 +14,23 @@ autotuning stay outside):
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import sys
-from pathlib import Path
 
 import cupy
 import torch
 import torch.nn.functional as F
 
-from autonorm import codegen, compiler
-from autonorm.space import H200, KernelConfig, Problem, rows_bucket
+from autonorm import dispatch
+from autonorm.space import Problem
 
 
 def main() -> None:
-    db = sqlite3.connect(Path(__file__).parents[2] / "tuning_db" / "autonorm.db")
     for spec in sys.argv[1:]:
         dtype, hidden = spec.split(":")[0], int(spec.split(":")[1])
         rows = (1 << 26) // hidden
-        (cfg,) = db.execute("select config from winners where dtype=? and hidden=? and "
-                            "rows_bucket=?", (dtype, hidden, rows_bucket(rows))).fetchone()
-        config = KernelConfig.from_dict(json.loads(cfg))
-        kernel = compiler.compile_kernel(codegen.render(config, Problem(hidden, dtype), H200))
+        problem = Problem(hidden, dtype)
+        kernel = dispatch.get_kernel(problem, rows)
+        choice = dispatch.chosen(problem, rows)
         tdt = getattr(torch, dtype)
         x = torch.randn(rows, hidden, device="cuda", dtype=tdt)
         w = 1 + 0.1 * torch.randn(hidden, device="cuda", dtype=tdt)
@@ -44,7 +42,7 @@ def main() -> None:
             kernel.launch_arrays(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b),
                                  cupy.asarray(y), rows, 1e-5)
         torch.cuda.synchronize()
-        print(dtype, hidden, "autonorm", config.label(), flush=True)
+        print(dtype, hidden, "autonorm", choice.source, choice.config.label(), flush=True)
         torch.cuda.profiler.start()
         kernel.launch_arrays(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b), cupy.asarray(y),
                              rows, 1e-5)
