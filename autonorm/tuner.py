@@ -459,7 +459,6 @@ class _Ask:
     original: int | None = None  # in-batch trial number a deferred duplicate waits for
 
 
-PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(KernelConfig))
 _COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster"})
 _BULK_PARAMS = _COMMON_PARAMS | {"stages"}
 _OTHER_PARAMS = _COMMON_PARAMS | set(space.BULK_FIXED)
