@@ -224,13 +224,22 @@ def test_stable_variants_shift_each_row(cache, stats):
             assert "float wn = 0.f, ws = shift," in k.source
             assert ("rebase(ws, wm);" in k.source) == (dtype == "float32")
             assert "xf - ws" in k.source
-        else:
+        elif dtype == "float32":
             assert "xf - shift" in k.source
+        else:  # 16-bit pass 1: each vector summed, then shifted once (NOTES.md 28)
+            assert "- (float)V * shift;" in k.source and "xf - shift" not in k.source
         # fp32 outputs subtract the mean before scaling (offset rows, 1e-7); 16-bit outputs fold
-        # -mean * rstd into one fma on x - shift, reading short register rows held as fp32 (fc).
-        xf = "fc[it][k]" if holds_fp32_row(k.config, problem) else "elem(xv, k)"
-        normalize = ("(elem(xv, k) - cshift) - cmean" if dtype == "float32"
-                     else f"fmaf({xf} - cshift, rstd, nmr)")
+        # -mean * rstd into one fma on x - cshift; a two-pass over a row held as fp32 (fc) keeps
+        # pass 2's x - centre for it (cshift = centre).
+        held = holds_fp32_row(k.config, problem)
+        xf = "fc[it][k]" if held else "elem(xv, k)"
+        if dtype == "float32":
+            normalize = "(elem(xv, k) - cshift) - cmean"
+        elif held and stats == "two_pass":
+            normalize = "fmaf(fc[it][k], rstd, nmr)"
+            assert "fc[it][k] = d;" in k.source and "const float cshift = centre;" in k.source
+        else:
+            normalize = f"fmaf({xf} - cshift, rstd, nmr)"
         assert normalize in k.source
         assert "DELIBERATELY UNSTABLE" not in k.source
         assert "const float shift = 0.f;" not in k.source
@@ -245,7 +254,7 @@ def test_prefetching_variant_shifts_each_row(stats):
     assert "const float shift = nshift;" in src  # the shift of the row loaded ahead
     assert "nshift = to_f(x[(size_t)row * N]);" in src
     assert "nshift = to_f(x[(size_t)nrow * N]);" in src
-    assert ("xf - ws" if stats == "welford" else "xf - shift") in src
+    assert ("xf - ws" if stats == "welford" else "- (float)V * shift;") in src
     plain = render(dataclasses.replace(cfg, blocks_per_sm=0), problem).source
     assert "nshift" not in plain and "const float shift = to_f(x[row_base]);" in plain
     naive = render(dataclasses.replace(cfg, stats="naive"), problem, allow_unstable=True).source
