@@ -581,22 +581,25 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     With a budget of a few dozen trials in a space of thousands, TPE alone often never meets
     the good region: a 14-trial bf16 grid tune on the H200 (2026-11-29) picked winners at
     56-73% of copy bandwidth where a hand sample had found 76-85% near the default. Seeding the
-    study with the default's neighbourhood (threads per row x0.5/x1/x2, register or shared-memory
-    cache, two-pass or Welford) gives the sampler that region first.
+    study with the default's neighbourhood (threads per row x0.5/x1/x2; a register cache, a
+    shared-memory cache, or a register cache in a persistent grid that prefetches the next row)
+    gives the sampler that region first. The persistent seeds replaced Welford ones: Welford
+    never won after its fp32 rebase (benchmarks/NOTES.md 26), while a persistent t512 register
+    kernel, never seeded, beat the fp32 12288 winner by x1.040 (88.7% -> 92.3%, H200,
+    2026-11-30, NOTES 29).
     """
     base = default_config(problem, device)
     tpr0 = base.threads_per_row
     seeds = [base]
     for tpr in (tpr0, tpr0 // 2, tpr0 * 2):
-        for cache in ("registers", "smem"):
-            for stats in ("two_pass", "welford"):
-                rows = max(1, min(32, 256 // max(tpr, 1)))
-                threads = tpr * rows
-                cfg = KernelConfig(threads, base.vec, rows, cache, stats, 1, 0)
-                if tpr >= 1 and threads <= 1024 and cfg not in seeds and not check(
-                    cfg, problem, device
-                ):
-                    seeds.append(cfg)
+        for cache, blocks_per_sm in (("registers", 0), ("smem", 0), ("registers", 4)):
+            rows = max(1, min(32, 256 // max(tpr, 1)))
+            threads = tpr * rows
+            cfg = KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm)
+            if tpr >= 1 and threads <= 1024 and cfg not in seeds and not check(
+                cfg, problem, device
+            ):
+                seeds.append(cfg)
     return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
 
 

@@ -884,16 +884,22 @@ def per_call_seconds(fn, calls: int = 2000, repeats: int = 5) -> float:
 
 @gpu
 def test_gpu_host_overhead(monkeypatch):
+    # Bounds relative to eager F.layer_norm timed in the same run: the device host's speed
+    # varied 5x between sessions (eager's rows-1 do_bench 7 -> 35 us), and an absolute 8 us bound
+    # on the wrapper failed on unchanged code in sessions 4 and 5 (NOTES.md, host cost).
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w, b = make_affine(4096, torch.bfloat16, "both")
     with torch.inference_mode():
         at.layer_norm(x, w, b)  # compile and cache
+        F.layer_norm(x, (4096,), w, b)
+        eager = per_call_seconds(lambda: F.layer_norm(x, (4096,), w, b))
         total = per_call_seconds(lambda: at.layer_norm(x, w, b))
         key = (x.get_device(), torch.bfloat16, 4096, True, True, 1)
         assert key in at._KERNELS
         monkeypatch.setitem(at._KERNELS, key, NoOpKernel())
         wrapper = per_call_seconds(lambda: at.layer_norm(x, w, b))
-    message = f"per call: {total * 1e6:.1f} µs in all, {wrapper * 1e6:.1f} µs in autonorm.torch"
+    message = (f"per call: {total * 1e6:.1f} µs in all, {wrapper * 1e6:.1f} µs in autonorm.torch;"
+               f" eager F.layer_norm {eager * 1e6:.1f} µs")
     warnings.warn(message, stacklevel=1)  # shows in the -ra summary
-    assert wrapper < 8e-6, message
-    assert total < 15e-6, message
+    assert wrapper < eager, message  # our Python costs less than eager's whole call
+    assert total < 1.5 * eager, message
