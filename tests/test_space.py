@@ -148,6 +148,18 @@ def test_register_cache_fp32_elements_capped_at_32():
     assert_accepted(dataclasses.replace(bad, threads=512), problem)  # 8 x 4 = 32
 
 
+def test_fp32_welford_run_capped_at_2048_elements_per_thread():
+    # The GPU fuzz test drew this on the H200 (2026-11-30): one thread per row runs Welford over
+    # 6,500 fp32 elements; the outlier-first case read 5.0e-6 against a 2e-6 tolerance.
+    fuzzed = KernelConfig(threads=32, vec=1, rows_per_block=32, cache="none", stats="welford",
+                          blocks_per_sm=2)
+    assert_rejected(fuzzed, Problem(6500, "float32"), "welford over more than 2048 elements")
+    assert_accepted(fuzzed, Problem(2048, "float32"))
+    # 16-bit tolerances (1e-3 / 8e-3) keep the longer cap.
+    assert_accepted(fuzzed, Problem(6500, "bfloat16"))
+    assert_rejected(fuzzed, Problem(8200, "bfloat16"), "welford over more than 8192 elements")
+
+
 def test_prefetching_register_cache_holds_half_the_vectors():
     # a persistent grid with a register cache keeps the next row too (space.prefetches)
     problem = Problem(4096, "float16")
@@ -207,9 +219,11 @@ def test_welford_cluster_at_1024_threads_rejected():
 
 def test_uncached_rows_of_any_length_accepted():
     # The uncached loop is unrolled 4 deep, so row length costs neither compile time nor
-    # registers: 2^23 / (1024 x 1) = 8192 vectors per thread is fine.
-    problem = Problem(1 << 23, "float32")
-    assert_accepted(KernelConfig(threads=1024, vec=1, cache="none", stats="welford"), problem)
+    # registers: 2^23 / (1024 x 1) = 8192 vectors per thread is fine in 16-bit; fp32 Welford
+    # runs stop at 2048 elements (accuracy, space.WELFORD_RUN_MAX).
+    config = KernelConfig(threads=1024, vec=1, cache="none", stats="welford")
+    assert_accepted(config, Problem(1 << 23, "bfloat16"))
+    assert_accepted(config, Problem(1 << 21, "float32"))
 
 
 @pytest.mark.parametrize(
@@ -355,10 +369,19 @@ def test_default_config_valid_for_every_hidden_size(dtype):
 
 # Found by this test: no configuration existed for odd hidden > 2^22 (an iteration cap on
 # cache "none"); the cap is gone: that loop is unrolled 4 deep, whatever the row length.
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_default_config_for_odd_hidden_beyond_4m(dtype):
     problem = Problem((1 << 22) + 1, dtype)
     assert check(default_config(problem), problem) == []
+
+
+def test_odd_fp32_rows_past_the_welford_run_cap_get_a_clear_error():
+    # fp32 Welford runs stop at 2048 elements per thread (accuracy): an odd row has no cluster
+    # split, so one block of 1024 threads covers at most 2,097,152 elements.
+    assert check(default_config(Problem((1 << 21) - 1, "float32")),
+                 Problem((1 << 21) - 1, "float32")) == []
+    with pytest.raises(ConfigError, match=r"at most 2,048 elements per thread.*2,097,152"):
+        default_config(Problem((1 << 22) + 1, "float32"))
 
 
 def test_default_config_deterministic_and_prefers_a_cache():
