@@ -55,8 +55,8 @@ OTHER_REGS = 40
 # outlier-first case (fp32, two elements 3000 spreads above a mean-1000 row, one thread per row)
 # the H200 measured 5.0e-6 at 6,500 elements (tolerance 2e-6; GPU fuzz test, 2026-11-30) and
 # benchmarks/lab/welford_emulation.py reproduces it exactly and gives 7.7e-6 at 8192, 1.4e-6 at
-# 4096, 4.8e-7 at 2048. 16-bit rows keep the older cap: their tolerances are 1e-3 / 8e-3, and
-# 65,536 fp32 elements measured 6e-6 (NOTES.md 6).
+# 4096, 4.8e-7 at 2048. 16-bit rows keep the older cap of 8192 (set when 65,536 elements per
+# thread measured 6e-6, NOTES.md 6): their tolerances are 1e-3 / 8e-3.
 WELFORD_RUN_MAX = 2048
 WELFORD_RUN_MAX_16BIT = 8192
 # Shared memory the kernel needs besides the row cache: reduction scratch, 2 buffers x 32 warps x
@@ -72,6 +72,11 @@ BULK_MAX_ITERS = 8
 # The fields the bulk-copy kernel fixes: two-pass statistics over the staged tile, and a grid
 # sized by occupancy (so no blocks_per_sm).
 BULK_FIXED: dict[str, object] = {"stats": "two_pass", "blocks_per_sm": 0}
+
+
+def welford_run_cap(problem: Problem) -> int:
+    """The most elements one thread may run Welford over for this problem's dtype."""
+    return WELFORD_RUN_MAX if problem.itemsize == 4 else WELFORD_RUN_MAX_16BIT
 
 
 def bulk_scratch_bytes(stages: int, rows_per_block: int) -> int:
@@ -426,7 +431,7 @@ def check(
         # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
         # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
         reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
-    run_cap = WELFORD_RUN_MAX if problem.itemsize == 4 else WELFORD_RUN_MAX_16BIT
+    run_cap = welford_run_cap(problem)
     if config.stats == "welford" and shape.iters * config.vec > run_cap:
         reasons.append(
             f"welford over more than {run_cap} elements per thread loses fp32 accuracy"
@@ -582,7 +587,7 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
                 cfg = KernelConfig(threads, vec_try, 1, "none", "welford", cluster, 0)
                 if not check(cfg, problem, device):
                     return cfg
-    cap = WELFORD_RUN_MAX if problem.itemsize == 4 else WELFORD_RUN_MAX_16BIT
+    cap = welford_run_cap(problem)
     raise ConfigError(
         f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can run it "
         f"on {device.name}: a {problem.dtype} Welford run is at most {cap:,} elements per "
