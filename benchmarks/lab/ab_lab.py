@@ -25,8 +25,9 @@ import statistics
 import time
 from pathlib import Path
 
+from tree_render import templates_from
+
 from autonorm import codegen, compiler, space
-from autonorm import config as an_config
 from autonorm.evaluator import GpuEvaluator
 from autonorm.space import KernelConfig, Problem, derive_shape, rows_bucket
 
@@ -45,18 +46,10 @@ class BaseEvaluator(GpuEvaluator):
         if rendered is None and self.base_dir is None:
             rendered = self._rendered[config] = codegen.render(config, self.problem, self.limits)
         if rendered is None:
-            codegen.code_version()  # hash the working tree's templates before the swap
-            saved = an_config.templates_dir, codegen.FP32_TILE_MAX
-            an_config.templates_dir = lambda: self.base_dir  # type: ignore[assignment]
-            # The base's fp32-tile limit (0 for trees from before the tile), which
-            # codegen.holds_fp32_tile reads at render time: the base renders as it shipped.
-            codegen.FP32_TILE_MAX = self.base_tile_max
-            codegen.template_environment.cache_clear()  # the environment is cached per process
-            try:
+            # The base's fp32-tile limit (0 for trees from before the tile): the base renders
+            # as it shipped.
+            with templates_from(self.base_dir, self.base_tile_max):
                 rendered = codegen.render(config, self.problem, self.limits)
-            finally:
-                an_config.templates_dir, codegen.FP32_TILE_MAX = saved  # type: ignore[assignment]
-                codegen.template_environment.cache_clear()
             self._rendered[config] = rendered
         return rendered
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from tree_render import templates_from
+
 from autonorm import codegen
-from autonorm import config as an_config
 from autonorm.space import Problem, enumerate_space
 
 OPS = ("FADD", "FFMA", "FMUL", "SHF", "PRMT", "LOP3", "IMAD", "HADD2", "F2FP", "SHFL", "LDS", "LDG")
@@ -76,15 +78,8 @@ def main() -> None:
         if not configs:
             raise SystemExit(f"{label} is not a valid configuration for {problem}")
         for tag, tree in trees:
-            saved = an_config.templates_dir
-            if tree is not None:
-                an_config.templates_dir = lambda t=tree: t  # type: ignore[assignment]
-            codegen.template_environment.cache_clear()
-            try:
+            with templates_from(tree) if tree is not None else contextlib.nullcontext():
                 total, ops, used = count(codegen.render(configs[0], problem).source, cuobjdump)
-            finally:
-                an_config.templates_dir = saved  # type: ignore[assignment]
-                codegen.template_environment.cache_clear()
             detail = " ".join(f"{op} {ops[op]}" for op in OPS if ops[op])
             print(f"{tag:4s} {dtype:8s} {hidden:>6s} {label:40s} {total:5d}  {detail}  [{used}]")
 

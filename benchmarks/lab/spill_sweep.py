@@ -19,8 +19,9 @@ import random
 import sqlite3
 from pathlib import Path
 
+from tree_render import templates_from
+
 from autonorm import codegen, compiler
-from autonorm import config as an_config
 from autonorm.space import H200, KernelConfig, Problem, enumerate_space
 
 GRID = (768, 1024, 2048, 4096, 8192, 12288, 16384)
@@ -28,14 +29,8 @@ GRID = (768, 1024, 2048, 4096, 8192, 12288, 16384)
 
 def render_from(tree: str, config: KernelConfig, problem: Problem) -> codegen.RenderedKernel:
     """Render ``config`` with the templates of ``tree`` (autonorm's own codegen)."""
-    saved = an_config.templates_dir
-    an_config.templates_dir = lambda: Path(tree)  # type: ignore[assignment]
-    codegen.template_environment.cache_clear()
-    try:
+    with templates_from(tree):
         return codegen.render(config, problem, H200)
-    finally:
-        an_config.templates_dir = saved  # type: ignore[assignment]
-        codegen.template_environment.cache_clear()
 
 
 def winners() -> list[tuple[Problem, KernelConfig]]:
