@@ -5,8 +5,8 @@ Run on the GPU machine from the repo root:
     python benchmarks/lab/family_lab.py --only bfloat16:4096,float32:16384 --out $OUT
 
 For each shape (rows = 2^26 / hidden) it takes the shipped DB's winner for that row bucket
-(its config, whatever templates it was tuned on) and a random sample of each family of the
-space, verifies and times them all through the product's evaluator, then re-times the winner
+(``ab_lab.top_configs``: its config, whatever templates it was tuned on) and a random sample of
+each family of the space, verifies and times them all through the product's evaluator, then re-times the winner
 and every family's best interleaved (``GpuEvaluator.retime``) so the ratios come from one run.
 Prints one line per family and writes ``$OUT/family_lab.json``.
 """
@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ab_lab import top_configs
+
 from autonorm import compiler
 from autonorm.device import query_device
 from autonorm.evaluator import GpuEvaluator
-from autonorm.space import KernelConfig, Problem, enumerate_space, rows_bucket
+from autonorm.space import KernelConfig, Problem, enumerate_space
 
 Family = Callable[[KernelConfig, Problem], bool]
 
@@ -43,15 +45,6 @@ FAMILIES: dict[str, Family] = {
     "cluster": lambda c, p: c.cache != "bulk" and c.cluster > 1 and c.vec == p.max_vec
     and c.stats == "two_pass",
 }
-
-
-def shipped_winner(db: sqlite3.Connection, problem: Problem, rows: int) -> KernelConfig | None:
-    """The shipped DB's winner for this shape's row bucket, any template version."""
-    row = db.execute(
-        "select config from winners where dtype=? and hidden=? and rows_bucket=? "
-        "and has_weight=1 and has_bias=1", (problem.dtype, problem.hidden, rows_bucket(rows)),
-    ).fetchone()
-    return KernelConfig.from_dict(json.loads(row[0])) if row else None
 
 
 def main() -> None:
@@ -80,7 +73,8 @@ def main() -> None:
         rows = (1 << 26) // problem.hidden
         valid = enumerate_space(problem, limits)
         rng = random.Random(problem.hidden)
-        winner = shipped_winner(db, problem, rows)
+        # The shipped winner of this row bucket (ab_lab's query, rows = 2^26 / hidden).
+        winner = next(iter(top_configs(db, problem.dtype, problem.hidden, 1)), None)
         plan: dict[str, list[KernelConfig]] = {"winner": [winner] if winner else []}
         for name in families:
             members = [c for c in valid if FAMILIES[name](c, problem) and c != winner]
