@@ -17,6 +17,7 @@ from autonorm.space import (
     BULK_FIXED,
     CACHES,
     CLUSTERS,
+    MAX_REGS,
     ROWS_PER_BLOCK,
     STAGES,
     STATS,
@@ -312,6 +313,8 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
               default=None)
 @click.option("--stages", type=click.Choice([str(s) for s in STAGES]), default=None,
               help="tiles in flight (bulk-copy kernel only; --cache bulk defaults to 2)")
+@click.option("--max-regs", type=click.Choice([str(m) for m in MAX_REGS]), default=None,
+              help="registers per thread (0: as the estimate's occupancy allows)")
 def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
     """Print the CUDA source of one configuration (unset fields come from the default)."""
     from autonorm import codegen

@@ -42,6 +42,19 @@ CLUSTERS = (1, 2, 4, 8)
 BLOCKS_PER_SM = (0, 1, 2, 4, 8)
 # Row tiles in flight per block of the bulk-copy kernel (cache="bulk"); 0 for the others.
 STAGES = (0, 1, 2, 3, 4, 6, 8)
+# A register cap per thread (0: none beyond the estimate's occupancy). At 64 a quarter of the SM's
+# registers serves 8 warps, so 1,024 threads fit an SM: the 16-bit winners at 768-8192 ran at
+# 80-96 registers and 31-35% occupancy (ncu, session 6) and the same configs capped at 64 ran
+# x1.03-x1.32 faster in 13 of 15 A/B pairs (bf16 768 91.4% -> 95.5% of copy, bf16 8192
+# 85.4% -> 92.3%; H200, 2026-11-30, benchmarks/NOTES.md 34). Some kernels spill under it, so it
+# is a search choice: the evaluator rejects those.
+MAX_REGS = (0, 64)
+# The largest register row cache a 64-register cap holds without spilling: in the ptxas sweep
+# of 5,353 capped bf16 kernels (nvcc 13.0, sm_90, 2026-11-30; NOTES.md 33) every cluster-1
+# register cache of up to 24 elements in up to 8 vectors per thread fitted, and 32 of 48 of 32
+# or more elements spilled (with the next row prefetched: all 76).
+MAX_REGS_CACHE_ELEMS = 24
+MAX_REGS_CACHE_ITERS = 8
 
 # Registers a thread may spend on the row cache. Beyond this ptxas spills or occupancy collapses;
 # the rest of the kernel needs about 40 registers (ptxas -v on sm_90, 2026-11-29). The compiler may
@@ -71,7 +84,7 @@ BULK_MAX_WEIGHT_ITERS = 8
 BULK_MAX_ITERS = 8
 # The fields the bulk-copy kernel fixes: two-pass statistics over the staged tile, and a grid
 # sized by occupancy (so no blocks_per_sm).
-BULK_FIXED: dict[str, object] = {"stats": "two_pass", "blocks_per_sm": 0}
+BULK_FIXED: dict[str, object] = {"stats": "two_pass", "blocks_per_sm": 0, "max_regs": 0}
 
 
 def welford_run_cap(problem: Problem) -> int:
@@ -184,6 +197,9 @@ class KernelConfig:
         stages: bulk-copy kernel only (``cache="bulk"``): row tiles fetched ahead into shared
             memory by the bulk-copy engine (TMA), each tile ``rows_per_block`` rows (segments,
             with a cluster). 0 for every other cache.
+        max_regs: 0 lets the register estimate set the occupancy ptxas aims at; k > 0 caps a
+            thread at k registers (``__launch_bounds__`` asks for that many more blocks per
+            SM). The bulk-copy kernel sizes its own occupancy and takes 0.
 
     """
 
@@ -195,6 +211,7 @@ class KernelConfig:
     cluster: int = 1
     blocks_per_sm: int = 0
     stages: int = 0
+    max_regs: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the configuration as a plain dict (for JSON, Optuna and the DB)."""
@@ -219,12 +236,17 @@ class KernelConfig:
         return self.threads // self.rows_per_block
 
     def label(self) -> str:
-        """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``."""
+        """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``.
+
+        Bulk configs end in their stages (``-s2``), capped ones in their registers (``-m64``).
+        """
         label = (
             f"t{self.threads}v{self.vec}r{self.rows_per_block}-{self.cache}-{self.stats}"
             f"-c{self.cluster}-p{self.blocks_per_sm}"
         )
-        return f"{label}-s{self.stages}" if self.stages else label
+        if self.stages:
+            label += f"-s{self.stages}"
+        return f"{label}-m{self.max_regs}" if self.max_regs else label
 
 
 @dataclass(frozen=True)
@@ -361,7 +383,20 @@ def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimi
     warps = max(1, config.threads // 32)
     warps_per_quarter = (device.regs_per_sm // 4) // (32 * need)
     by_regs = (4 * warps_per_quarter) // warps
-    return max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
+    blocks = max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
+    return max(blocks, capped_blocks(config, device))
+
+
+def capped_blocks(config: KernelConfig, device: DeviceLimits = H200) -> int:
+    """Blocks per SM that hold a thread to ``config.max_regs`` registers (0 when uncapped).
+
+    ``__launch_bounds__(threads, k)`` makes ptxas fit k blocks in the SM's registers, so k =
+    regs_per_sm / (threads x max_regs) caps a thread at max_regs.
+    """
+    if not config.max_regs:
+        return 0
+    blocks = device.regs_per_sm // (config.threads * config.max_regs)
+    return max(1, min(blocks, device.max_threads_per_sm // config.threads, 32))
 
 
 def check(
@@ -407,6 +442,8 @@ def check(
         reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
     if config.stages not in STAGES:
         reasons.append(f"stages must be one of {STAGES}")
+    if config.max_regs not in MAX_REGS:
+        reasons.append(f"max_regs must be one of {MAX_REGS}")
     if reasons:
         return reasons
     if config.cache == "bulk":
@@ -474,7 +511,44 @@ def check(
         reasons.append(
             f"needs {need} bytes of shared memory (device opt-in limit {device.max_smem_optin})"
         )
+    if config.max_regs and not reasons:
+        reasons.extend(_max_regs_reasons(config, problem, device))
     return reasons
+
+
+def _max_regs_reasons(config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:
+    """Why a register cap cannot apply to ``config`` (it is not a bulk-copy config)."""
+    reasons = []
+    shape = derive_shape(config, problem)
+    if problem.itemsize == 4:
+        # fp32 holds twice the registers per byte: 13 of 540 capped cluster-1 fp32 kernels
+        # spilled, shared-memory and uncached ones among them, where 0 of 1,080 16-bit ones did
+        # (out-of-sample ptxas sweep, nvcc 13.0, 2026-11-30; NOTES.md 34). The gain was measured
+        # in 16-bit only.
+        return [f"max_regs {config.max_regs} applies to 16-bit rows only (fp32 kernels spill "
+                "under the cap)"]
+    if config.cluster > 1:
+        # A cluster's extra reductions and exchange spill under the cap: 10 of 80 uncached
+        # Welford kernels of 8-element vectors, 15 of 50 register caches of 8-16 elements
+        # (ptxas sweep, NOTES.md 33); no capped cluster-1 smem or uncached kernel spilled.
+        reasons.append(f"max_regs {config.max_regs} applies to cluster 1 only: a cluster's "
+                       "exchange spills under the cap")
+    elif config.cache == "registers" and (
+        shape.iters * config.vec > MAX_REGS_CACHE_ELEMS or shape.iters > MAX_REGS_CACHE_ITERS
+    ):
+        reasons.append(
+            f"max_regs {config.max_regs}: a register row cache of {shape.iters} vectors / "
+            f"{shape.iters * config.vec} elements per thread spills under the cap (limits "
+            f"{MAX_REGS_CACHE_ITERS} / {MAX_REGS_CACHE_ELEMS})"
+        )
+    if reasons:
+        return reasons
+    uncapped = min_blocks_per_sm(dataclasses.replace(config, max_regs=0), problem, device)
+    if uncapped >= capped_blocks(config, device):
+        # The same kernel as max_regs=0: the search would measure it twice.
+        return [f"max_regs {config.max_regs} changes nothing: the register estimate already "
+                f"asks for {uncapped} blocks of {config.threads} threads per SM"]
+    return []
 
 
 def _bulk_reasons(config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:
@@ -491,6 +565,8 @@ def _bulk_reasons(config: KernelConfig, problem: Problem, device: DeviceLimits) 
         reasons.append("the bulk-copy kernel computes two-pass statistics only")
     if config.blocks_per_sm:
         reasons.append("the bulk-copy kernel's grid is sized by occupancy: blocks_per_sm is 0")
+    if config.max_regs:
+        reasons.append("the bulk-copy kernel sizes its own occupancy: max_regs is 0")
     shape = derive_shape(config, problem)
     if config.threads < 128:
         # One thread issues a block's copies and all wait on it: blocks of one or two warps
@@ -536,14 +612,15 @@ def require_valid(
 def iter_space() -> Iterator[KernelConfig]:
     """Yield every point of the raw space (valid or not), in a fixed order.
 
-    Stages belong to the bulk-copy kernel, which takes two-pass statistics and an
-    occupancy-sized grid only: its other combinations are left out rather than checked.
+    Stages belong to the bulk-copy kernel, which takes two-pass statistics, an occupancy-sized
+    grid and no register cap only: its other combinations are left out rather than checked.
     """
     for t, v, r, c, s, cl, p in itertools.product(
         THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM
     ):
         if c != "bulk":
-            yield KernelConfig(t, v, r, c, s, cl, p, 0)
+            for m in MAX_REGS:
+                yield KernelConfig(t, v, r, c, s, cl, p, 0, m)
         elif s == "two_pass" and p == 0:
             for st in STAGES[1:]:
                 yield KernelConfig(t, v, r, c, s, cl, p, st)
@@ -607,20 +684,29 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     gives the sampler that region first. The persistent seeds replaced Welford ones: Welford
     never won after its fp32 rebase (benchmarks/NOTES.md 26), while a persistent t512 register
     kernel, never seeded, beat the fp32 12288 winner by x1.040 (88.7% -> 92.3%, H200,
-    2026-11-30, NOTES 29).
+    2026-11-30, NOTES 29). In 16-bit the neighbours are capped at 64 registers where the cap
+    applies: capped, the same configs ran x1.03-x1.32 faster in 13 of 15 pairs (NOTES 34).
     """
     base = default_config(problem, device)
     tpr0 = base.threads_per_row
     seeds = [base]
+    caps = (64, 0) if problem.itemsize == 2 else (0,)
+    capped = dataclasses.replace(base, max_regs=64)
+    if problem.itemsize == 2 and not check(capped, problem, device):
+        seeds.append(capped)
     for tpr in (tpr0, tpr0 // 2, tpr0 * 2):
         for cache, blocks_per_sm in (("registers", 0), ("smem", 0), ("registers", 4)):
             rows = max(1, min(32, 256 // max(tpr, 1)))
             threads = tpr * rows
-            cfg = KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm)
-            if tpr >= 1 and threads <= 1024 and cfg not in seeds and not check(
-                cfg, problem, device
-            ):
-                seeds.append(cfg)
+            if tpr < 1 or threads > 1024:
+                continue
+            for max_regs in caps:  # the first that applies
+                cfg = KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm,
+                                   0, max_regs)
+                if not check(cfg, problem, device):
+                    if cfg not in seeds:
+                        seeds.append(cfg)
+                    break
     return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
 
 

@@ -279,9 +279,9 @@ def open_storage(url: str | None, study_name: str) -> BaseStorage:
 def suggest_config(trial: Trial) -> KernelConfig:
     """Ask ``trial`` for one point of the template family (parameters named as the fields).
 
-    The bulk-copy kernel fixes its statistics (two-pass) and grid (occupancy) and alone takes
-    ``stages``: those parameters are asked conditionally, so no ask is spent on combinations
-    that cannot exist.
+    The bulk-copy kernel fixes its statistics (two-pass), grid and registers (occupancy) and
+    alone takes ``stages``: those parameters are asked conditionally, so no ask is spent on
+    combinations that cannot exist.
     """
     threads = trial.suggest_categorical("threads", space.THREADS)
     vec = trial.suggest_categorical("vec", space.VECS)
@@ -302,6 +302,7 @@ def suggest_config(trial: Trial) -> KernelConfig:
         stats=trial.suggest_categorical("stats", space.STATS),
         cluster=cluster,
         blocks_per_sm=trial.suggest_categorical("blocks_per_sm", space.BLOCKS_PER_SM),
+        max_regs=trial.suggest_categorical("max_regs", space.MAX_REGS),
     )
 
 

@@ -393,15 +393,16 @@ def test_suggest_config_asks_stages_only_for_bulk():
     assert trial.params == BULK_PARAMS
     assert KernelConfig.from_dict(trial.params) == cfg
     other = {"threads": 256, "vec": 8, "rows_per_block": 1, "cache": "smem", "cluster": 1,
-             "stats": "two_pass", "blocks_per_sm": 2}
+             "stats": "two_pass", "blocks_per_sm": 2, "max_regs": 64}
     trial = FixedTrial(other)  # no stages
     cfg = suggest_config(trial)
-    assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0)
+    assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0, 64)
     assert trial.params == other and KernelConfig.from_dict(trial.params) == cfg
-    # A bulk trial never reads stats or blocks_per_sm, even when they are given.
-    trial = FixedTrial({**BULK_PARAMS, "stats": "welford", "blocks_per_sm": 4})
-    assert suggest_config(trial).stats == "two_pass"
-    assert "stats" not in trial.params and "blocks_per_sm" not in trial.params
+    # A bulk trial never reads stats, blocks_per_sm or max_regs, even when they are given.
+    trial = FixedTrial({**BULK_PARAMS, "stats": "welford", "blocks_per_sm": 4, "max_regs": 64})
+    cfg = suggest_config(trial)
+    assert cfg.stats == "two_pass" and cfg.max_regs == 0
+    assert not {"stats", "blocks_per_sm", "max_regs"} & set(trial.params)
 
 
 def test_a_study_reaches_bulk_configs(tmp_path):

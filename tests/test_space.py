@@ -282,18 +282,21 @@ def test_iter_space_covers_the_product():
     shapes = len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(CLUSTERS)
     other_caches = [c for c in space.CACHES if c != "bulk"]
     bulk_stages = [s for s in space.STAGES if s > 0]
-    # The other kernels: every (cache, stats, blocks_per_sm) with stages 0. The bulk-copy
-    # kernel: two-pass statistics and an occupancy grid only, with every stage count >= 1.
-    non_bulk = shapes * len(other_caches) * len(space.STATS) * len(space.BLOCKS_PER_SM)
+    # The other kernels: every (cache, stats, blocks_per_sm, max_regs) with stages 0. The
+    # bulk-copy kernel: two-pass statistics, an occupancy grid and no register cap only, with
+    # every stage count >= 1.
+    non_bulk = (shapes * len(other_caches) * len(space.STATS) * len(space.BLOCKS_PER_SM)
+                * len(space.MAX_REGS))
     bulk = shapes * len(bulk_stages)
     assert len(raw) == len(set(raw)) == non_bulk + bulk
     assert raw == list(iter_space())
     assert {
-        (c.threads, c.vec, c.rows_per_block, c.cache, c.stats, c.cluster, c.blocks_per_sm)
+        (c.threads, c.vec, c.rows_per_block, c.cache, c.stats, c.cluster, c.blocks_per_sm,
+         c.max_regs)
         for c in raw
         if c.cache != "bulk"
     } == {
-        (t, v, r, c, s, cl, p)
+        (t, v, r, c, s, cl, p, m)
         for t in THREADS
         for v in space.VECS
         for r in ROWS_PER_BLOCK
@@ -301,12 +304,14 @@ def test_iter_space_covers_the_product():
         for s in space.STATS
         for cl in CLUSTERS
         for p in space.BLOCKS_PER_SM
+        for m in space.MAX_REGS
     }
     assert all(c.stages == 0 for c in raw if c.cache != "bulk")
     bulk_raw = [c for c in raw if c.cache == "bulk"]
     assert len(bulk_raw) == bulk
     assert {c.stats for c in bulk_raw} == {"two_pass"}
     assert {c.blocks_per_sm for c in bulk_raw} == {0}
+    assert {c.max_regs for c in bulk_raw} == {0}
     assert {c.stages for c in bulk_raw} == set(bulk_stages)
     assert {(c.threads, c.vec, c.rows_per_block, c.cluster, c.stages) for c in bulk_raw} == {
         (t, v, r, cl, st)
@@ -521,3 +526,65 @@ def test_min_blocks_per_sm_bounds(dtype):
         m = min_blocks_per_sm(cfg, problem)
         assert 1 <= m <= 32
         assert m * cfg.threads <= H200.max_threads_per_sm or m == 1
+
+
+# --- the register cap (max_regs) ---------------------------------------------------------------
+
+BF16_768 = Problem(768, "bfloat16")
+CAPPED_768 = KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64)  # the A/B's 95.5%
+
+
+def test_max_regs_caps_the_launch_bound_at_64_registers():
+    assert check(CAPPED_768, BF16_768) == []
+    uncapped = dataclasses.replace(CAPPED_768, max_regs=0)
+    assert min_blocks_per_sm(uncapped, BF16_768) == 4  # the estimate's 128 registers
+    blocks = min_blocks_per_sm(CAPPED_768, BF16_768)
+    assert blocks == 8 and H200.regs_per_sm // (blocks * 128) == 64
+    assert space.capped_blocks(uncapped) == 0
+    for threads in THREADS:  # every block size gets the bound that means 64 registers
+        cfg = KernelConfig(threads, 8, 1, "smem", "two_pass", 1, 0, 0, 64)
+        assert H200.regs_per_sm // (space.capped_blocks(cfg) * threads) == 64
+
+
+def test_max_regs_label_and_round_trip():
+    assert CAPPED_768.label() == "t128v8r4-registers-two_pass-c1-p0-m64"
+    assert dataclasses.replace(CAPPED_768, max_regs=0).label().endswith("-p0")
+    assert KernelConfig.from_dict(CAPPED_768.to_dict()) == CAPPED_768
+    # Rows of a DB written before the field have no max_regs: uncapped.
+    old = {k: v for k, v in CAPPED_768.to_dict().items() if k != "max_regs"}
+    assert KernelConfig.from_dict(old).max_regs == 0
+
+
+@pytest.mark.parametrize("config, problem, needle", [
+    (dataclasses.replace(CAPPED_768, max_regs=48), BF16_768, "max_regs must be one of"),
+    (KernelConfig(256, 8, 1, "bulk", "two_pass", 1, 0, 2, 64), BF16_4096, "sizes its own"),
+    (KernelConfig(128, 4, 4, "registers", "two_pass", 1, 0, 0, 64), Problem(768, "float32"),
+     "16-bit rows only"),
+    (KernelConfig(256, 8, 1, "smem", "two_pass", 2, 0, 0, 64), BF16_4096, "cluster 1 only"),
+    # 1024: 32 elements per thread in registers spilled under the cap (the shipped winner's)
+    (dataclasses.replace(CAPPED_768), Problem(1024, "bfloat16"), "spills under the cap"),
+    # 1,024 threads already get 64 registers: the capped kernel would be the same kernel
+    (KernelConfig(1024, 8, 4, "smem", "two_pass", 1, 0, 0, 64), BF16_4096, "changes nothing"),
+])
+def test_max_regs_rejected_where_it_spills_or_changes_nothing(config, problem, needle):
+    assert_rejected(config, problem, needle)
+
+
+def test_max_regs_is_searched_in_16_bit_only():
+    for dtype in DTYPES:
+        caps = {c.max_regs for c in enumerate_space(Problem(4096, dtype))}
+        assert caps == ({0} if dtype == "float32" else {0, 64}), dtype
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_seeds_are_capped_where_the_cap_applies(dtype):
+    for hidden in (768, 2048, 8192):
+        problem = Problem(hidden, dtype)
+        seeds = space.seed_configs(problem)
+        assert seeds[0] == default_config(problem)  # the sound default, uncapped, first
+        capped = [s for s in seeds if s.max_regs]
+        assert capped and all(check(s, problem) == [] for s in seeds)
+        for s in seeds[2:]:  # a neighbour stays uncapped only where the cap cannot apply
+            if s.cache != "bulk" and not s.max_regs:
+                assert check(dataclasses.replace(s, max_regs=64), problem), s.label()
+    assert not any(s.max_regs for s in space.seed_configs(Problem(768, "float32")))
