@@ -109,13 +109,15 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift() -> None:
 
 # fp32 Welford configurations that failed the outlier case on the H200 before each thread's shift
 # followed its running mean (2026-11-29: 2.1e-6 to 5.0e-5), with the error the float32 emulation
-# predicts for the rebased kernel (benchmarks/lab/welford_emulation.py; tolerance 2e-6).
+# predicts for the rebased kernel (benchmarks/lab/welford_emulation.py; tolerance 2e-6). Two more
+# of those runs 4,096 elements per thread, past space.WELFORD_RUN_MAX (2,048) since session 6:
+# in their place the longest runs the cap allows at the same hidden sizes.
 REBASED_WELFORD = [
     (768, "t64v4r32-none-welford-c1-p4", 1.7e-7),
-    (4096, "t32v2r32-none-welford-c1-p2", 1.4e-6),
+    (4096, "t32v2r16-none-welford-c1-p2", 4.6e-7),  # 2 threads a row, 2,048 elements each
     (4096, "t256v4r1-registers-welford-c1-p0", 1.3e-7),
     (16384, "t32v4r1-smem-welford-c2-p0", 1.5e-7),
-    (65536, "t64v2r4-none-welford-c1-p4", 1.4e-6),
+    (65536, "t128v2r4-none-welford-c1-p4", 4.4e-7),  # 32 threads a row, 2,048 elements each
     (65536, "t128v4r1-none-welford-c4-p8", 1.2e-7),
 ]
 

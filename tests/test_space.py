@@ -588,3 +588,20 @@ def test_16_bit_seeds_are_capped_where_the_cap_applies(dtype):
             if s.cache != "bulk" and not s.max_regs:
                 assert check(dataclasses.replace(s, max_regs=64), problem), s.label()
     assert not any(s.max_regs for s in space.seed_configs(Problem(768, "float32")))
+
+
+def test_the_gpu_tests_named_configs_are_valid():
+    """The GPU suite's hand-picked configs stay inside the space (checked here, without a GPU).
+
+    Session 6's Welford cap made two of them invalid and only the H200 run of session 7 showed it.
+    """
+    from test_gpu_kernels import REBASED_WELFORD
+
+    for hidden, label, _ in REBASED_WELFORD:
+        t, cache, stats, c, p = label.split("-")
+        threads, rest = t[1:].split("v")
+        vec, rows = rest.split("r")
+        config = KernelConfig(int(threads), int(vec), int(rows), cache, stats, int(c[1:]),
+                              int(p[1:]))
+        assert config.label() == label
+        assert check(config, Problem(hidden, "float32")) == [], label

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 7, call C (tuning_db/autonorm.db = call B's grid + buckets): 60 trials on bf16 768
+# (call B's grid ran one trial there: the cold compile ate its 10 s) and on the 16-bit shapes
+# where capped fwd kernels now meet the bulk kernel, merged into the shipped DB (merge_db's
+# 1-point margin), then the full GPU test suite against the merged DB.
+set -u
+mkdir -p "$OUT"
+export AUTONORM_DB=$OUT/long.db
+for spec in bf16:768,8192,12288,16384 fp16:8192,12288,16384; do
+  timeout 130 python3 benchmarks/tune_grid.py --dtypes "${spec%%:*}" --hidden "${spec#*:}" \
+    --trials 60 --timeout 22 2>&1 | grep -v "^\s*$" | grep -v "━" | tee -a "$OUT/long.log" | tail -4
+done
+python3 benchmarks/lab/merge_db.py "$OUT/long.db" tuning_db/autonorm.db | tee "$OUT/merge.log"
+cp tuning_db/autonorm.db "$OUT/shipped.db"
+unset AUTONORM_DB
+timeout 260 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -ra --durations=10 \
+  > "$OUT/gpu_tests.log" 2>&1
+tail -25 "$OUT/gpu_tests.log"
