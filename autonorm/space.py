@@ -635,7 +635,8 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
     """Return a sound configuration for any hidden size, without tuning.
 
     Aims at about four 16-byte vectors per thread: the measured sweet spot of the untuned
-    kernel (shared/device/README.md, 2026-11-29), and a register cache where it fits.
+    kernel (shared/device/README.md, 2026-11-29), and a register cache where it fits; in 16-bit
+    under the 64-register cap (see ``_capped_default``).
     """
     vec = problem.max_vec
     vectors = math.ceil(problem.hidden / vec)
@@ -645,7 +646,7 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
     for cache, stats in (("registers", "two_pass"), ("smem", "two_pass")):
         cfg = KernelConfig(threads, vec, rows, cache, stats, 1, 0)
         if not check(cfg, problem, device):
-            return cfg
+            return _capped_default(cfg, problem, device)
     # Rows past one block's shared memory: split across a cluster (Hopper) and keep the two-pass
     # statistics (Welford without a cache re-reads x from global memory to normalize).
     for cluster in CLUSTERS[1:]:
@@ -673,6 +674,26 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
     )
 
 
+def _capped_default(config: KernelConfig, problem: Problem, device: DeviceLimits) -> KernelConfig:
+    """The 16-bit default under the 64-register cap: its register cache where the cap holds it,
+    else the same shape with a shared-memory cache; fp32 and anything else stays as it is.
+
+    On the H200 (2^26 elements, lab/default_cap_lab.py, NOTES.md 38) the capped default ran
+    x1.04-x1.61 faster than the uncapped one at 10 of 12 bf16 hidden sizes from 768 to 16384
+    (x1.31 at 8192, x1.61 at 11008) and alike in fp16; at 1536 and 2048 (two rows of 64 threads
+    a block) it ran x0.975 and x0.931.
+    """
+    if problem.itemsize != 2:
+        return config
+    for candidate in (
+        dataclasses.replace(config, max_regs=64),
+        dataclasses.replace(config, cache="smem", max_regs=64),
+    ):
+        if not check(candidate, problem, device):
+            return candidate
+    return config
+
+
 def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
     """Return structured starting points for a search: the default and its neighbours.
 
@@ -691,9 +712,6 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     tpr0 = base.threads_per_row
     seeds = [base]
     caps = (64, 0) if problem.itemsize == 2 else (0,)
-    capped = dataclasses.replace(base, max_regs=64)
-    if problem.itemsize == 2 and not check(capped, problem, device):
-        seeds.append(capped)
     for tpr in (tpr0, tpr0 // 2, tpr0 * 2):
         for cache, blocks_per_sm in (("registers", 0), ("smem", 0), ("registers", 4)):
             rows = max(1, min(32, 256 // max(tpr, 1)))

@@ -393,9 +393,28 @@ def test_default_config_deterministic_and_prefers_a_cache():
     cfg = default_config(BF16_4096)
     assert cfg == default_config(BF16_4096)
     assert cfg.vec == 8
-    assert cfg.cache == "registers"
+    # 4 vectors of 8 per thread: more than the cap's register cache holds, so shared memory
+    assert cfg.cache == "smem" and cfg.max_regs == 64
     assert cfg.stats == "two_pass"
     assert cfg.cluster == 1 and cfg.blocks_per_sm == 0
+    fp32 = default_config(Problem(4096, "float32"))
+    assert fp32.cache == "registers" and fp32.max_regs == 0  # fp32 is never capped
+
+
+def test_16_bit_default_takes_the_cap_where_check_admits_it():
+    for dtype in ("bfloat16", "float16"):
+        for hidden in (768, 1000, 1536, 2560, 5120, 11008, 16384, 40000):
+            problem = Problem(hidden, dtype)
+            cfg = default_config(problem)
+            assert check(cfg, problem) == []
+            uncapped = dataclasses.replace(cfg, max_regs=0)
+            if cfg.max_regs:  # a capped register cache where the cap holds it, else smem
+                assert cfg.cache in ("registers", "smem")
+                if cfg.cache == "smem":
+                    as_registers = dataclasses.replace(cfg, cache="registers")
+                    assert check(as_registers, problem) != []
+            else:  # the cap could not apply (e.g. a cluster for very long rows)
+                assert check(dataclasses.replace(uncapped, max_regs=64), problem) != []
 
 
 def test_default_config_respects_small_device():
@@ -581,10 +600,10 @@ def test_16_bit_seeds_are_capped_where_the_cap_applies(dtype):
     for hidden in (768, 2048, 8192):
         problem = Problem(hidden, dtype)
         seeds = space.seed_configs(problem)
-        assert seeds[0] == default_config(problem)  # the sound default, uncapped, first
+        assert seeds[0] == default_config(problem)  # the sound default first
         capped = [s for s in seeds if s.max_regs]
         assert capped and all(check(s, problem) == [] for s in seeds)
-        for s in seeds[2:]:  # a neighbour stays uncapped only where the cap cannot apply
+        for s in seeds[1:]:  # a neighbour stays uncapped only where the cap cannot apply
             if s.cache != "bulk" and not s.max_regs:
                 assert check(dataclasses.replace(s, max_regs=64), problem), s.label()
     assert not any(s.max_regs for s in space.seed_configs(Problem(768, "float32")))
