@@ -2,8 +2,10 @@
 (120 distinct kernels): printed "spilling or over 64 registers: []".
 """
 import random
-from autonorm import compiler, codegen
+
+from autonorm import codegen, compiler
 from autonorm.space import H200, Problem, default_config
+
 rng = random.Random(11)
 sizes = sorted({7, 100, 768, 1000, 1536, 2048, 2560, 4096, 5000, 5120, 6144, 8192, 11008, 12289,
                 14336, 16384, 24576, 65536} | {rng.randrange(8, 20000) for _ in range(150)})
