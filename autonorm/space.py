@@ -675,9 +675,9 @@ def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfi
 
 
 def _capped_default(config: KernelConfig, problem: Problem, device: DeviceLimits) -> KernelConfig:
-    """The 16-bit default under the 64-register cap: its register cache where the cap holds it,
-    else the same shape with a shared-memory cache; fp32 and anything else stays as it is.
+    """Return the 16-bit default under the 64-register cap (fp32 stays as it is).
 
+    Its register cache where the cap holds it, else the same shape with a shared-memory cache.
     On the H200 (2^26 elements, lab/default_cap_lab.py, NOTES.md 38) the capped default ran
     x1.04-x1.61 faster than the uncapped one at 10 of 12 bf16 hidden sizes from 768 to 16384
     (x1.31 at 8192, x1.61 at 11008) and alike in fp16; at 1536 and 2048 (two rows of 64 threads
