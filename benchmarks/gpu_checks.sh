@@ -3,8 +3,9 @@
 # GPU tests, a cold-start tune of the main job, dispatch to its winner; `grid` and `buckets`
 # re-tune the shipped DB (needed after any kernel-template change: the winners are keyed by the
 # templates' hash, and tests/test_dispatch.py fails until the DB matches).
-# Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh tests|tune|grid|buckets
-# Shipping after grid + buckets (two calls, each leaves a DB under $OUT):
+# Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh
+# tests|tune|grid|buckets|ship. `ship` runs grid and buckets in one command (~370 s on an H200)
+# and merges them into $OUT/shipped.db, the file to copy to tuning_db/autonorm.db. By hand:
 #   cp <grid OUT>/ship.db tuning_db/autonorm.db
 #   python benchmarks/lab/merge_db.py <buckets OUT>/buckets.db tuning_db/autonorm.db
 set -u
@@ -36,12 +37,12 @@ err = float(cupy.linalg.norm(y.astype(cupy.float64) - ref) / cupy.linalg.norm(re
 print("dispatch chose", c.source, c.config.label(), "rel err", f"{err:.2e}")
 PY
 fi
-if [[ $suite == grid ]]; then
+if [[ $suite == grid || $suite == ship ]]; then
   # The benchmark grid: 3 dtypes x 9 hidden sizes at rows = 2^26 / hidden (~270 s on an H200).
   AUTONORM_DB=$OUT/ship.db timeout 330 python3 benchmarks/tune_grid.py --dtypes bf16,fp32,fp16 \
     --trials 24 --timeout 10 2>&1 | tee "$OUT/grid.log"
 fi
-if [[ $suite == buckets ]]; then
+if [[ $suite == buckets || $suite == ship ]]; then
   # The LLM token count at 4096/8192 and the latency rows at 16384 (peers.py's shapes). Rows 64
   # and 512 need more trials: with 10, rows 512 stopped at 51% of copy; with 30, 68% (bulk).
   AUTONORM_DB=$OUT/buckets.db timeout 100 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
@@ -50,4 +51,8 @@ if [[ $suite == buckets ]]; then
     --hidden 16384 --rows 1,8 --trials 10 --timeout 3 2>&1 | tee -a "$OUT/buckets.log"
   AUTONORM_DB=$OUT/buckets.db timeout 200 python3 benchmarks/tune_grid.py --dtypes bf16,fp16,fp32 \
     --hidden 16384 --rows 64,512 --trials 30 --timeout 12 2>&1 | tee -a "$OUT/buckets.log"
+fi
+if [[ $suite == ship ]]; then
+  cp "$OUT/ship.db" "$OUT/shipped.db"
+  python3 benchmarks/lab/merge_db.py "$OUT/buckets.db" "$OUT/shipped.db" | tail -3
 fi

@@ -36,6 +36,10 @@ def main() -> None:
     store = db.TuningDB.open_user()
     store.record_device(info)
     version = codegen.code_version()
+    # Warm up once (CUDA context, CuPy, NVRTC, the pool's workers) before any shape's clock runs:
+    # in session 7 the first shape (bf16 768, 10 s) spent its time on that and measured one trial.
+    warm = Problem(4096, "float32")
+    GpuEvaluator(warm, 4096, pool=pool).evaluate(space.default_config(warm, info.limits()))
     for dtype in args.dtypes.split(","):
         for hidden, rows in [
             (h, r) for h in map(int, args.hidden.split(","))
