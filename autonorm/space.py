@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -50,9 +51,10 @@ STAGES = (0, 1, 2, 3, 4, 6, 8)
 # is a search choice: the evaluator rejects those.
 MAX_REGS = (0, 64)
 # The largest register row cache a 64-register cap holds without spilling: in the ptxas sweep
-# of 5,353 capped bf16 kernels (nvcc 13.0, sm_90, 2026-11-30; NOTES.md 33) every cluster-1
-# register cache of up to 24 elements in up to 8 vectors per thread fitted, and 32 of 48 of 32
-# or more elements spilled (with the next row prefetched: all 76).
+# of 5,353 capped bf16 kernels (nvcc 13.0, sm_90, 2026-11-30; NOTES.md 33) all 300 cluster-1
+# register caches of up to 24 elements in up to 8 vectors per thread fitted (prefetching ones
+# included); of 32 or more elements 19 of 36 spilled, and all 62 that prefetch the next row; of
+# up to 24 in more than 8 vectors, 1 of 8.
 MAX_REGS_CACHE_ELEMS = 24
 MAX_REGS_CACHE_ITERS = 8
 
@@ -175,6 +177,10 @@ class DeviceLimits:
 H200 = DeviceLimits()
 
 
+# The form KernelConfig.label() writes (the stages and register-cap suffixes only when set).
+_LABEL = re.compile(r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(?:-m(\d+))?")
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """One point of the template family.
@@ -234,6 +240,19 @@ class KernelConfig:
     def threads_per_row(self) -> int:
         """Threads that share one row inside a block."""
         return self.threads // self.rows_per_block
+
+    @classmethod
+    def from_label(cls, label: str) -> KernelConfig:
+        """Parse :meth:`label` output back into a configuration.
+
+        Raises:
+            ValueError: ``label`` is not a label of this form.
+        """
+        match = _LABEL.fullmatch(label)
+        if match is None:
+            raise ValueError(f"not a kernel label: {label!r} (e.g. t256v8r1-smem-two_pass-c1-p0)")
+        t, v, r, cache, stats, c, p, s, m = match.groups()
+        return cls(int(t), int(v), int(r), cache, stats, int(c), int(p), int(s or 0), int(m or 0))
 
     def label(self) -> str:
         """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``.
@@ -528,9 +547,10 @@ def _max_regs_reasons(config: KernelConfig, problem: Problem, device: DeviceLimi
         return [f"max_regs {config.max_regs} applies to 16-bit rows only (fp32 kernels spill "
                 "under the cap)"]
     if config.cluster > 1:
-        # A cluster's extra reductions and exchange spill under the cap: 10 of 80 uncached
-        # Welford kernels of 8-element vectors, 15 of 50 register caches of 8-16 elements
-        # (ptxas sweep, NOTES.md 33); no capped cluster-1 smem or uncached kernel spilled.
+        # A cluster's extra reductions and exchange spill under the cap: clustered register
+        # caches in 111 of 567, uncached kernels in 10 of 399 (ptxas sweep, NOTES.md 33).
+        # Clustered smem kernels did not (0 of 838), but the clustered winners are bulk kernels,
+        # which take no cap, so one simple rule.
         reasons.append(f"max_regs {config.max_regs} applies to cluster 1 only: a cluster's "
                        "exchange spills under the cap")
     elif config.cache == "registers" and (

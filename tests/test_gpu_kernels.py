@@ -128,11 +128,7 @@ def test_welford_follows_its_mean_under_an_outlier_shift(hidden: int, label: str
     from autonorm import codegen, compiler
     from autonorm.verify import OUTLIER_CASE, verify
 
-    t, cache, stats, c, p = label.split("-")
-    threads, rest = t[1:].split("v")
-    vec, rows = rest.split("r")
-    config = KernelConfig(int(threads), int(vec), int(rows), cache, stats, int(c[1:]), int(p[1:]))
-    assert config.label() == label
+    config = KernelConfig.from_label(label)
     problem = Problem(hidden, "float32")
     result = verify(compiler.compile_kernel(codegen.render(config, problem)), problem)
     assert result.ok, result.summary()

@@ -581,7 +581,7 @@ def test_max_regs_label_and_round_trip():
      "16-bit rows only"),
     (KernelConfig(256, 8, 1, "smem", "two_pass", 2, 0, 0, 64), BF16_4096, "cluster 1 only"),
     # 1024: 32 elements per thread in registers spilled under the cap (the shipped winner's)
-    (dataclasses.replace(CAPPED_768), Problem(1024, "bfloat16"), "spills under the cap"),
+    (CAPPED_768, Problem(1024, "bfloat16"), "spills under the cap"),
     # 1,024 threads already get 64 registers: the capped kernel would be the same kernel
     (KernelConfig(1024, 8, 4, "smem", "two_pass", 1, 0, 0, 64), BF16_4096, "changes nothing"),
 ])
@@ -617,10 +617,13 @@ def test_the_gpu_tests_named_configs_are_valid():
     from test_gpu_kernels import REBASED_WELFORD
 
     for hidden, label, _ in REBASED_WELFORD:
-        t, cache, stats, c, p = label.split("-")
-        threads, rest = t[1:].split("v")
-        vec, rows = rest.split("r")
-        config = KernelConfig(int(threads), int(vec), int(rows), cache, stats, int(c[1:]),
-                              int(p[1:]))
-        assert config.label() == label
-        assert check(config, Problem(hidden, "float32")) == [], label
+        assert check(KernelConfig.from_label(label), Problem(hidden, "float32")) == [], label
+
+
+def test_labels_parse_back():
+    for problem in (BF16_768, Problem(65536, "float32")):
+        for config in enumerate_space(problem)[::37]:
+            assert KernelConfig.from_label(config.label()) == config
+    for bad in ("t256v8r1-smem", "t256v8r1-smem-two_pass-c1-p0-x3", "smem"):
+        with pytest.raises(ValueError, match="not a kernel label"):
+            KernelConfig.from_label(bad)

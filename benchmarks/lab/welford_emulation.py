@@ -151,7 +151,7 @@ def normalize(x: np.ndarray, w: np.ndarray, b: np.ndarray, config: KernelConfig,
 def rel_l2(label: str, hidden: int, variant: str, case_name: str = OUTLIER_CASE) -> float:
     """Relative L2 error of ``label`` on one verification case at ``hidden`` (fp32)."""
     problem = Problem(hidden, "float32")
-    config = parse_label(label)
+    config = KernelConfig.from_label(label)
     case = next(c for c in make_cases(problem) if c.name == case_name)
     x = case.x.astype(F)
     w64, b64 = make_affine(problem, 1)
@@ -160,14 +160,6 @@ def rel_l2(label: str, hidden: int, variant: str, case_name: str = OUTLIER_CASE)
     ref = layer_norm_reference(x.astype(np.float64), w.astype(np.float64),
                                b.astype(np.float64), 1e-5)
     return measure_error(y.astype(np.float64), ref).rel_l2
-
-
-def parse_label(label: str) -> KernelConfig:
-    """``t64v4r32-none-welford-c1-p4`` back to its KernelConfig."""
-    t, cache, stats, c, p = label.split("-")[:5]
-    threads, rest = t[1:].split("v")
-    vec, rows = rest.split("r")
-    return KernelConfig(int(threads), int(vec), int(rows), cache, stats, int(c[1:]), int(p[1:]))
 
 
 # (hidden, label, rel_l2 measured on the H200 on the outlier case)
