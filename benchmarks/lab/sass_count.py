@@ -24,7 +24,7 @@ from pathlib import Path
 from tree_render import templates_from
 
 from autonorm import codegen
-from autonorm.space import Problem, enumerate_space
+from autonorm.space import KernelConfig, Problem
 
 OPS = ("FADD", "FFMA", "FMUL", "SHF", "PRMT", "LOP3", "IMAD", "HADD2", "F2FP", "SHFL", "LDS", "LDG")
 
@@ -67,19 +67,19 @@ def count(source: str, cuobjdump: str) -> tuple[int, collections.Counter, str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="", help="a template tree to compare with (default: none)")
+    ap.add_argument("--no-affine", action="store_true",
+                    help="without weight and bias (what widening them costs, by difference)")
     ap.add_argument("specs", nargs="+", help="dtype:hidden:label")
     args = ap.parse_args()
     cuobjdump = find_cuobjdump()
     trees = [("new", None)] + ([("base", Path(args.base).resolve())] if args.base else [])
     for spec in args.specs:
         dtype, hidden, label = spec.split(":", 2)
-        problem = Problem(int(hidden), dtype)
-        configs = [c for c in enumerate_space(problem) if c.label() == label]
-        if not configs:
-            raise SystemExit(f"{label} is not a valid configuration for {problem}")
+        problem = Problem(int(hidden), dtype, not args.no_affine, not args.no_affine)
+        config = KernelConfig.from_label(label)
         for tag, tree in trees:
             with templates_from(tree) if tree is not None else contextlib.nullcontext():
-                total, ops, used = count(codegen.render(configs[0], problem).source, cuobjdump)
+                total, ops, used = count(codegen.render(config, problem).source, cuobjdump)
             detail = " ".join(f"{op} {ops[op]}" for op in OPS if ops[op])
             print(f"{tag:4s} {dtype:8s} {hidden:>6s} {label:40s} {total:5d}  {detail}  [{used}]")
 
