@@ -98,6 +98,22 @@ def test_render_bulk_kernel(runner):
     assert "stages apply to the bulk-copy kernel only" in bad.output
 
 
+def test_render_register_cap(runner):
+    args = ["render", "--hidden", "768", "--dtype", "bf16", "--threads", "128",
+            "--rows-per-block", "4", "--cache", "smem"]
+    capped = runner.invoke(cli.main, [*args, "--max-regs", "64"])
+    assert capped.exit_code == 0, capped.output
+    assert "t128v8r4-smem-two_pass-c1-p0-m64" in capped.output
+    assert "__launch_bounds__(128, 8)" in capped.output  # 65,536 / (128 x 8) = 64 registers
+    uncapped = runner.invoke(cli.main, [*args, "--max-regs", "0"])
+    assert uncapped.exit_code == 0 and "__launch_bounds__(128, 8)" not in uncapped.output
+    # fp32 takes no cap: a one-line reason, no traceback.
+    bad = runner.invoke(cli.main, ["render", "--hidden", "768", "--dtype", "fp32",
+                                   "--max-regs", "64"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert "16-bit rows only" in bad.output
+
+
 def test_render_impossible_combination(runner):
     result = runner.invoke(
         cli.main, ["render", "--hidden", "1000", "--vec", "8", "--dtype", "fp32"]
