@@ -123,13 +123,7 @@ def _tuning_parts(problem: Problem, rows: int, quiet: bool = False) -> tuple[Any
     evaluator = IsolatedEvaluator(build_gpu_evaluator, (problem, rows))
 
     def on_trial(config: KernelConfig, outcome: Any, number: int) -> None:
-        metrics = None
-        if outcome.timing is not None:
-            metrics = outcome.timing.metrics(max_rel_err=outcome.max_rel_err)
-        store.record_trial(
-            key, config.to_dict(), outcome.status, error=outcome.error, metrics=metrics,
-            trial_number=number,
-        )
+        store.record_outcome(key, config, outcome, trial_number=number)
 
     return key, evaluator, info.limits(), on_trial, store
 

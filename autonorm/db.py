@@ -37,7 +37,7 @@ from sqlite_utils import Database
 from autonorm import config as _config
 from autonorm.device import DeviceInfo
 from autonorm.errors import CorruptDatabaseWarning, DatabaseError
-from autonorm.results import FAILURE_CLASSES
+from autonorm.results import FAILURE_CLASSES, Outcome
 from autonorm.space import DTYPES, KernelConfig, Problem, rows_bucket
 
 SCHEMA_VERSION = 2
@@ -309,6 +309,21 @@ class TuningDB:
             "created_at": _utc_now(),
         }
         return self._transact(lambda db: db["trials"].insert(row).last_rowid)
+
+    def record_outcome(
+        self, key: TuningKey, config: KernelConfig, outcome: Outcome, *,
+        trial_number: int | None = None,
+    ) -> int:
+        """Record one evaluated candidate from its outcome, with its timing when it has one.
+
+        What the tuner's ``on_trial`` callbacks store (the CLI's and the benchmark grid's), so
+        trials keep their timings for later comparison.
+        """
+        metrics = None
+        if outcome.timing is not None:
+            metrics = outcome.timing.metrics(max_rel_err=outcome.max_rel_err)
+        return self.record_trial(key, config.to_dict(), outcome.status, error=outcome.error,
+                                 metrics=metrics, trial_number=trial_number)
 
     def trials(self, key: TuningKey | None = None) -> list[dict]:
         """Return recorded trials (all, or those of ``key``) in the order they were recorded.

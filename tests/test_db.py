@@ -160,6 +160,25 @@ def test_trial_round_trip_every_status(tdb: TuningDB) -> None:
     assert tdb.trials(make_key(dtype="float16")) == []
 
 
+def test_record_outcome_keeps_the_timing(tdb: TuningDB) -> None:
+    from autonorm.results import Outcome, Timing
+
+    key = make_key()
+    timed = Outcome("ok", Timing(70.5, 70.1, 71.0, 0.01, 3800.0, 0.92, 30), max_rel_err=1.7e-3)
+    failed = Outcome("verification", error="offset: 0.3 > 8e-3", max_rel_err=0.3)
+    tdb.record_outcome(key, KernelConfig(threads=128, max_regs=64), timed, trial_number=4)
+    tdb.record_outcome(key, KernelConfig(), failed)
+    ok, bad = tdb.trials(key)
+    assert ok["status"] == "ok" and ok["trial_number"] == 4
+    assert ok["label"] == "t128v8r1-registers-welford-c1-p0-m64"
+    assert (ok["median_us"], ok["gbps"], ok["share"], ok["max_rel_err"]) == (70.5, 3800.0, 0.92,
+                                                                             1.7e-3)
+    assert ok["metrics"] == {**timed.timing.metrics(), "max_rel_err": 1.7e-3}
+    # A failure keeps its error; with no timing there are no metrics (its max_rel_err included).
+    assert (bad["status"], bad["error"], bad["metrics"]) == ("verification",
+                                                              "offset: 0.3 > 8e-3", None)
+
+
 def test_record_trial_rejects_unknown_status(tdb: TuningDB) -> None:
     with pytest.raises(ValueError, match="status"):
         tdb.record_trial(make_key(), KernelConfig().to_dict(), "timeout")
