@@ -402,8 +402,12 @@ def min_blocks_per_sm(config: KernelConfig, problem: Problem, device: DeviceLimi
     warps = max(1, config.threads // 32)
     warps_per_quarter = (device.regs_per_sm // 4) // (32 * need)
     by_regs = (4 * warps_per_quarter) // warps
-    blocks = max(1, min(by_regs, device.max_threads_per_sm // config.threads, 32))
-    return max(blocks, capped_blocks(config, device))
+    return max(_resident(by_regs, config, device), capped_blocks(config, device))
+
+
+def _resident(blocks: int, config: KernelConfig, device: DeviceLimits) -> int:
+    """``blocks`` per SM within what the SM holds: its threads, 32 blocks, and at least 1."""
+    return max(1, min(blocks, device.max_threads_per_sm // config.threads, 32))
 
 
 def capped_blocks(config: KernelConfig, device: DeviceLimits = H200) -> int:
@@ -414,8 +418,7 @@ def capped_blocks(config: KernelConfig, device: DeviceLimits = H200) -> int:
     """
     if not config.max_regs:
         return 0
-    blocks = device.regs_per_sm // (config.threads * config.max_regs)
-    return max(1, min(blocks, device.max_threads_per_sm // config.threads, 32))
+    return _resident(device.regs_per_sm // (config.threads * config.max_regs), config, device)
 
 
 def check(
@@ -531,14 +534,15 @@ def check(
             f"needs {need} bytes of shared memory (device opt-in limit {device.max_smem_optin})"
         )
     if config.max_regs and not reasons:
-        reasons.extend(_max_regs_reasons(config, problem, device))
+        reasons.extend(_max_regs_reasons(config, problem, shape, device))
     return reasons
 
 
-def _max_regs_reasons(config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:
-    """Why a register cap cannot apply to ``config`` (it is not a bulk-copy config)."""
+def _max_regs_reasons(
+    config: KernelConfig, problem: Problem, shape: Shape, device: DeviceLimits
+) -> list[str]:
+    """Why a register cap cannot apply to ``config`` (not a bulk config; ``shape`` is its own)."""
     reasons = []
-    shape = derive_shape(config, problem)
     if problem.itemsize == 4:
         # fp32 holds twice the registers per byte: 13 of 540 capped cluster-1 fp32 kernels
         # spilled, shared-memory and uncached ones among them, where 0 of 1,080 16-bit ones did
