@@ -4,8 +4,11 @@
 # re-tune the shipped DB (needed after any kernel-template change: the winners are keyed by the
 # templates' hash, and tests/test_dispatch.py fails until the DB matches).
 # Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh
-# tests|tune|grid|buckets|ship. `ship` runs grid and buckets in one command (~370 s on an H200)
-# and merges them into $OUT/shipped.db, the file to copy to tuning_db/autonorm.db. By hand:
+# tests|tune|grid|buckets|ship|search|ncu. `ship` runs grid and buckets in one command (~370 s
+# on an H200) and merges them into $OUT/shipped.db, the file to copy to tuning_db/autonorm.db.
+# `search DTYPE:H,H ...` gives chosen shapes 60 trials and merges them into tuning_db/ (and
+# $OUT/shipped.db); `ncu DTYPE:H ...` profiles the dispatched kernel beside torch.compile's.
+# By hand:
 #   cp <grid OUT>/ship.db tuning_db/autonorm.db
 #   python benchmarks/lab/merge_db.py <buckets OUT>/buckets.db tuning_db/autonorm.db
 set -u
@@ -55,4 +58,27 @@ fi
 if [[ $suite == ship ]]; then
   cp "$OUT/ship.db" "$OUT/shipped.db"
   python3 benchmarks/lab/merge_db.py "$OUT/buckets.db" "$OUT/shipped.db" | tail -3
+fi
+if [[ $suite == search ]]; then
+  # 60 trials, 22 s a shape, into $OUT/long.db; merge_db takes a winner only >1 point better.
+  shift
+  for spec in "$@"; do
+    shapes=$(( $(tr -cd , <<< "${spec#*:}" | wc -c) + 1 ))
+    AUTONORM_DB=$OUT/long.db timeout $(( 22 * shapes + 40 )) python3 benchmarks/tune_grid.py \
+      --dtypes "${spec%%:*}" --hidden "${spec#*:}" --trials 60 --timeout 22 2>&1 \
+      | grep -v "^\s*$" | grep -v "━" | tee -a "$OUT/long.log" | tail -4
+  done
+  python3 benchmarks/lab/merge_db.py "$OUT/long.db" tuning_db/autonorm.db | tee "$OUT/merge.log"
+  cp tuning_db/autonorm.db "$OUT/shipped.db"
+fi
+if [[ $suite == ncu ]]; then
+  # Only the launches between cudaProfilerStart/Stop (benchmarks/lab/ncu_peers.py).
+  shift
+  timeout 200 ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+    --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+    python3 benchmarks/lab/ncu_peers.py "$@" > "$OUT/ncu_peers.txt" 2>&1
+  grep -E "^  [a-z_]|autonorm|triton|Duration|DRAM Throughput|Registers Per|Achieved Occ|Issue \
+Slots Busy|Executed Ipc A|Executed Instructions  |Eligible Warps|No Eligible|Block Size|Grid Size|Stall" \
+    "$OUT/ncu_peers.txt" | head -90
 fi
