@@ -128,6 +128,26 @@ def holds_fp32_tile(config_: KernelConfig, problem: Problem) -> bool:
     )
 
 
+# A shared-memory row cache is filled by cp.async (LDGSTS, compute capability 8.0+) when a thread
+# copies more than this many vectors per row: the plain fill stages them through registers four
+# at a time (``#pragma unroll 4``), so longer rows wait for several round trips, while cp.async
+# puts every copy in flight at once. A/B on the H200 (NOTES.md 39): x1.02-1.08 on 16-bit smem
+# kernels of 6-8 vectors per thread (bf16 12288 t256v8r1 85.7% -> 88.3% of copy, 16384 85.3% ->
+# 86.9%), fp32 8192 t256v4r1 x1.047; at 4 vectors or fewer x0.986-1.009 (the winners at 768-8192
+# among them), so those keep the plain fill.
+ASYNC_FILL_ITERS = 4
+
+
+def fills_async(config_: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
+    """Whether a shared-memory row cache is filled by cp.async instead of through registers."""
+    return (
+        config_.cache == "smem" and device.cc >= 80
+        # cp.async copies 4, 8 or 16 bytes: not one 16-bit element
+        and config_.vec * problem.itemsize >= 4
+        and derive_shape(config_, problem).iters > ASYNC_FILL_ITERS
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     """Return the Jinja environment over the templates directory (kernel and export)."""
@@ -223,6 +243,7 @@ def render(
         "cache": config_.cache,
         "PREFETCH": prefetches(config_),
         "FCACHE": holds_fp32_row(config_, problem),
+        "ASYNC_FILL": fills_async(config_, problem, device or H200),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,

@@ -19,6 +19,7 @@ import autonorm
 from autonorm.codegen import (
     LaunchPlan,
     code_version,
+    fills_async,
     holds_fp32_row,
     kernel_name,
     render,
@@ -339,6 +340,33 @@ def test_short_16bit_register_rows_are_held_as_fp32():
     wide = KernelConfig(threads=128, vec=8, cache="registers")
     src = render(wide, Problem(8192, "bfloat16"), H200).source  # 8 vectors per thread
     assert "fc[" not in src and "elem(xv, k)" in src
+
+
+def test_long_smem_rows_are_filled_by_cp_async():
+    bf16 = Problem(16384, "bfloat16")
+    long_row = KernelConfig(threads=256, vec=8, cache="smem", max_regs=64)  # 8 vectors
+    assert fills_async(long_row, bf16)
+    src = render(long_row, bf16, H200).source
+    assert "cp.async.cg.shared.global" in src and "cp.async.wait_all" in src
+    assert "store_vec(srow" not in src
+    # 4 vectors per thread: the plain fill already has them all in flight (unroll 4)
+    short = KernelConfig(threads=128, vec=8, rows_per_block=4, cache="smem", max_regs=64)
+    bf16_768 = Problem(768, "bfloat16")
+    assert not fills_async(short, bf16_768)
+    src = render(short, bf16_768, H200).source
+    assert "cp.async" not in src and "store_vec(srow" in src
+    # 8-byte vectors copy with .ca; one 16-bit element (2 bytes) is not a cp.async size
+    assert "cp.async.ca.shared.global [%0], [%1], 8;" in render(
+        dataclasses.replace(long_row, vec=4, max_regs=0), bf16, H200).source
+    single = KernelConfig(threads=64, vec=1, cache="smem")
+    assert not fills_async(single, Problem(1000, "bfloat16"))
+    assert fills_async(single, Problem(1000, "float32"))
+    # cp.async needs compute capability 8.0
+    assert not fills_async(long_row, bf16, DeviceLimits(cc=75))
+    assert "cp.async" not in render(long_row, bf16, DeviceLimits(cc=75)).source
+    # other row caches never use it
+    for cache in ("registers", "none"):
+        assert not fills_async(dataclasses.replace(long_row, cache=cache, max_regs=0), bf16)
 
 
 # --------------------------------------------------------------------------- launch plans

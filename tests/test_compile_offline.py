@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 
 from autonorm import compiler
-from autonorm.codegen import RenderedKernel, render
+from autonorm.codegen import RenderedKernel, fills_async, render
 from autonorm.compiler import PtxasReport, compile_offline, nvcc_path, parse_ptxas
 from autonorm.errors import CompileError
 from autonorm.space import (
@@ -194,6 +194,8 @@ def test_sweep_includes_defaults_and_every_variant():
         assert {k.problem.hidden for k in kernels if k.config.cache == "bulk"} == set(
             SWEEP_HIDDEN
         )
+        # shared-memory caches filled by cp.async (codegen.fills_async) are compiled too
+        assert any(fills_async(k.config, k.problem) for k in kernels)
 
 
 def _known_spill_kernels() -> list[RenderedKernel]:
