@@ -12,13 +12,25 @@ Run on the GPU machine, from the repository root::
 
 Method (see the project's timing notes): every implementation is first checked against a
 float64 reference on the same input (relative L2 error; above 1e-2 for bf16/fp16 or 1e-4 for
-fp32 it is flagged WRONG), then timed with ``triton.testing.do_bench`` (L2 flushed before each
-call, median of the repeats). Latency shapes are also timed by CUDA-graph replay
+fp32 it is flagged WRONG), then timed.
+
+Bandwidth suites (sweep, llm) time single launches between CUDA events, each after a flush of
+the L2, median of the repeats, under two flushes back to back:
+
+- ``read`` (primary): sum a 256 MB buffer. The inputs are evicted and the L2 holds only clean
+  lines, so the launch pays for its own traffic and nothing else.
+- ``zero`` (secondary, what ``triton.testing.do_bench`` does): zero the same buffer. The L2 is
+  left full of dirty lines whose write-back lands inside the timed launch, a fixed 4-6 us per
+  launch on an H200; kept so that runs can be compared with earlier ones.
+
+The share is GB/s over a device-to-device copy of the same bytes as x (2 x that moved), timed
+under the same flush in the same run: a fixed cost weighs more on a short launch, so a copy of
+another size would be a biased yardstick. A fixed 2^28-byte copy is timed too, for reference.
+Latency shapes are timed with ``do_bench`` (its zeroing flush), by CUDA-graph replay
 (``do_bench_cudagraph``, L2 not flushed) and host-inclusive (wall time of back-to-back calls).
-Bandwidth counts x read once, y written once, weight and bias read once; the share is taken of a
-device-to-device copy measured in the same run. A failure of one implementation at one shape
-becomes an error row; the run carries on. Results are written to ``--out`` after every shape, so
-a run cut short still leaves ``peers.json``.
+Bandwidth counts x read once, y written once, weight and bias read once. A failure of one
+implementation at one shape becomes an error row; the run carries on. Results are written to
+``--out`` after every shape, so a run cut short still leaves ``peers.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import faulthandler
+import functools
 import glob
 import inspect
 import io
@@ -66,7 +79,15 @@ LLM_HIDDEN = (4096, 8192)
 
 EPS = 1e-5
 DEVICE = "cuda"  # a module constant so a CPU dry run can patch it
-COPY_BYTES = 2**28
+COPY_BYTES = 2**28  # the fixed reference copy's buffer (2^29 bytes moved)
+# Copies are timed at x's size rounded to a MiB: sizes a few KiB apart (hidden 768 and 12288
+# do not divide 2^26) would each get a copy of their own, with its own noise, for no difference
+# in rate.
+COPY_ROUND = 2**20
+FLUSH_BYTES = 256 * 2**20  # over 4x the H200's 60 MB L2, as do_bench's flush buffer
+FLUSHES = ("read", "zero")  # primary first
+FLUSH_MIN_REPS = 25
+FLUSH_MAX_REPS = 1000
 HOST_CALLS = 200
 HOST_REPEATS = 5
 BENCH_WARMUP_MS = 25
@@ -96,6 +117,17 @@ class Shape:
         """Fewest bytes a forward must move: x read, y written, weight and bias read."""
         item = ITEMSIZE[self.dtype]
         return self.rows * self.hidden * item * 2 + 2 * self.hidden * item
+
+    @property
+    def copy_bytes(self) -> int | None:
+        """Buffer bytes of the copy this shape's share is taken of (x's, to a MiB), or None.
+
+        None for the latency suite, whose share stays over the fixed-size copy.
+        """
+        if self.suite == "latency":
+            return None
+        x_bytes = self.rows * self.hidden * ITEMSIZE[self.dtype]
+        return max(COPY_ROUND, (x_bytes + COPY_ROUND // 2) // COPY_ROUND * COPY_ROUND)
 
     def label(self) -> str:
         return f"{self.suite} {self.dtype} h={self.hidden} rows={self.rows}"
@@ -201,6 +233,16 @@ def new_record(shape: Shape, impl: str) -> dict:
         "ms_p80": None,
         "gbps": None,
         "share": None,
+        # Which flush ``ms`` was timed after: "read" (bandwidth suites), "zero" (latency, do_bench).
+        "flush": "zero" if shape.suite == "latency" else "read",
+        "copy_bytes": shape.copy_bytes,
+        # Bandwidth suites only: the same launches after do_bench's zeroing flush.
+        "ms_zero": None,
+        "ms_zero_p20": None,
+        "ms_zero_p80": None,
+        "gbps_zero": None,
+        "share_zero": None,
+        "share_fixed_copy": None,
         "graph_us": None,
         "host_us": None,
         "first_call_s": None,
@@ -520,21 +562,140 @@ def host_us(fn) -> float:
     return statistics.median(samples) * 1e6
 
 
-def measure_copy() -> dict:
+# The flush buffer is allocated once: a fresh 256 MB allocation per measurement would cost time
+# and could fail late in a run when memory is fragmented.
+_FLUSH_BUFFER: dict = {}
+
+
+def flush_launch(kind: str):
+    """Return the callable run before each timed launch: ``read`` or ``zero`` (see FLUSHES)."""
+    if "buf" not in _FLUSH_BUFFER:
+        import torch
+
+        _FLUSH_BUFFER["buf"] = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
+    buf = _FLUSH_BUFFER["buf"]
+    if kind == "read":
+        # Evicts the inputs and leaves only clean lines: nothing to write back in the launch.
+        return lambda: buf.sum()
+    if kind == "zero":
+        # do_bench's flush: the L2 is left full of dirty lines, written back during the launch.
+        return buf.zero_
+    raise ValueError(f"unknown flush {kind!r}")
+
+
+def rep_count(est_ms: float, budget_ms: float) -> int:
+    """Repeats covering about ``budget_ms`` of kernel time, within the min and max reps."""
+    if not est_ms > 0:
+        return FLUSH_MAX_REPS
+    return min(FLUSH_MAX_REPS, max(FLUSH_MIN_REPS, math.ceil(budget_ms / est_ms)))
+
+
+def summarize_ms(times: list[float]) -> tuple[float, float, float]:
+    """Median, 20th and 80th percentiles (linear interpolation, as torch.quantile)."""
+    s = sorted(times)
+    if not s:
+        raise ValueError("no samples")
+
+    def q(p: float) -> float:
+        pos = p * (len(s) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    return q(0.5), q(0.2), q(0.8)
+
+
+def flushed_ms(fn, flush: str) -> tuple[float, float, float]:
+    """Time single launches of ``fn``, each after a flush of the L2; (median, p20, p80) in ms.
+
+    Args:
+        fn: the launch to time (already called once, so compiled and loaded).
+        flush: ``"read"`` or ``"zero"``, see ``flush_launch``.
+
+    Returns:
+        Median, 20th and 80th percentile of the per-launch event times, in ms.
+    """
     import torch
 
-    out: dict = {"bytes_buffer": COPY_BYTES, "bytes_moved": 2 * COPY_BYTES}
-    try:
-        src = torch.randn(COPY_BYTES // 2, device=DEVICE, dtype=torch.bfloat16)
-        dst = torch.empty_like(src)
-        ms, p20, p80 = bench_ms(lambda: dst.copy_(src))
-        torch.cuda.synchronize()
-        if not torch.equal(dst, src):
-            raise RuntimeError("copy result differs from its source")
-        out.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(2 * COPY_BYTES, ms))
-    except Exception as exc:  # noqa: BLE001
-        out.update(gbps=None, error=_short(exc))
+    pre = flush_launch(flush)
+
+    def events(n: int) -> list:
+        return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(n)]
+
+    def timed(pairs: list) -> None:
+        for a, b in pairs:
+            pre()
+            a.record()
+            fn()
+            b.record()
+
+    fn()
+    torch.cuda.synchronize()
+    est = events(5)
+    timed(est)
+    torch.cuda.synchronize()
+    est_ms = statistics.median(a.elapsed_time(b) for a, b in est)
+    # Warm-up without a sync after it: the GPU is still busy with it while the host queues the
+    # timed launches, so no launch waits on the host between its start event and the kernel.
+    for _ in range(min(FLUSH_MAX_REPS, max(3, math.ceil(BENCH_WARMUP_MS / max(est_ms, 1e-3))))):
+        fn()
+    pairs = events(rep_count(est_ms, BENCH_REP_MS))
+    timed(pairs)
+    torch.cuda.synchronize()
+    return summarize_ms([a.elapsed_time(b) for a, b in pairs])
+
+
+def copy_sizes(shapes: list[Shape]) -> list[int]:
+    """Copy buffer sizes to time: each bandwidth shape's ``copy_bytes`` and the fixed one."""
+    return sorted({s.copy_bytes for s in shapes if s.copy_bytes is not None} | {COPY_BYTES})
+
+
+def measure_copies(sizes: list[int]) -> list[dict]:
+    """Time a device-to-device copy of each buffer size under each flush (adjacent in time)."""
+    import torch
+
+    out: list[dict] = []
+    for nbytes in sizes:
+        entries = {f: {"bytes_buffer": nbytes, "bytes_moved": 2 * nbytes, "flush": f,
+                       "gbps": None} for f in FLUSHES}
+        try:
+            src = torch.randn(nbytes // 2, device=DEVICE, dtype=torch.bfloat16)
+            dst = torch.empty_like(src)
+            for f in FLUSHES:
+                ms, p20, p80 = flushed_ms(functools.partial(dst.copy_, src), f)
+                entries[f].update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(2 * nbytes, ms))
+            torch.cuda.synchronize()
+            if not torch.equal(dst, src):
+                raise RuntimeError("copy result differs from its source")
+        except Exception as exc:  # noqa: BLE001
+            for e in entries.values():
+                e.update(gbps=None, error=_short(exc))
+            _sync_quietly()
+        src = dst = None  # free before the next size's buffers are allocated
+        out.extend(entries.values())
     return out
+
+
+def copy_rates(*measurements: list[dict]) -> dict[tuple[int, str], float]:
+    """(buffer bytes, flush) -> the largest copy GB/s among the given measurement lists."""
+    rates: dict[tuple[int, str], float] = {}
+    for entries in measurements:
+        for e in entries:
+            key, g = (e["bytes_buffer"], e["flush"]), e.get("gbps")
+            if g and g > rates.get(key, 0.0):
+                rates[key] = g
+    return rates
+
+
+def used_copies(start: list[dict], end: list[dict]) -> list[dict]:
+    """Per size and flush: start and end GB/s and the larger, which the shares use."""
+    first = {(e["bytes_buffer"], e["flush"]): e.get("gbps") for e in start}
+    last = {(e["bytes_buffer"], e["flush"]): e.get("gbps") for e in end}
+    used = copy_rates(start, end)
+    return [{"bytes_buffer": n, "bytes_moved": 2 * n, "flush": f, "start_gbps": first.get((n, f)),
+             "end_gbps": last.get((n, f)), "gbps": used.get((n, f)), "fixed": n == COPY_BYTES}
+            for n, f in sorted(set(first) | set(last), key=lambda k: (k[0], FLUSHES.index(k[1])))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -579,9 +740,9 @@ def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> l
             rec["rel_err"] = err
             ok = math.isfinite(err) and err <= rec["tol"]
             rec["status"] = "ok" if ok else "WRONG"
-            ms, p20, p80 = bench_ms(fn)
-            rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
             if shape.suite == "latency":
+                ms, p20, p80 = bench_ms(fn)
+                rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
                 try:
                     g, _, _ = graph_ms(fn)
                     rec["graph_us"] = g * 1e3
@@ -593,6 +754,14 @@ def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> l
                 except Exception as exc:  # noqa: BLE001
                     rec["host_error"] = _short(exc)
                     _sync_quietly()
+            else:
+                # Both flushes back to back, so drift between them stays small: the read flush
+                # is the primary number, the zeroing one compares with do_bench-era runs.
+                ms, p20, p80 = flushed_ms(fn, "read")
+                rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
+                mz, z20, z80 = flushed_ms(fn, "zero")
+                rec.update(ms_zero=mz, ms_zero_p20=z20, ms_zero_p80=z80,
+                           gbps_zero=gbps_of(shape.bytes, mz))
         except Unavailable as exc:
             rec["status"] = "unavailable"
             rec["error"] = str(exc)
@@ -627,6 +796,8 @@ def progress_line(r: dict) -> str:
         parts.append(f"{r['ms'] * 1e3:9.1f} us")
     if r["gbps"] is not None:
         parts.append(f"{r['gbps']:6.0f} GB/s")
+    if r.get("gbps_zero") is not None:
+        parts.append(f"(zeroing flush {r['ms_zero'] * 1e3:.1f} us {r['gbps_zero']:.0f} GB/s)")
     if r.get("graph_us") is not None:
         parts.append(f"graph {r['graph_us']:.1f} us")
     if r.get("host_us") is not None:
@@ -647,9 +818,22 @@ def _fmt(v, spec: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def finalize(records: list[dict], copy_gbps: float | None) -> None:
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if (a and b) else None
+
+
+def finalize(records: list[dict], rates: dict[tuple[int, str], float]) -> None:
+    """Set the shares from copy GB/s keyed by (buffer bytes, flush), as ``copy_rates`` gives."""
+    fixed_read, fixed_zero = rates.get((COPY_BYTES, "read")), rates.get((COPY_BYTES, "zero"))
     for r in records:
-        r["share"] = (r["gbps"] / copy_gbps) if (r["gbps"] and copy_gbps) else None
+        if r["suite"] == "latency":
+            # Timed by do_bench (zeroing flush): over the fixed copy under that flush, as before.
+            r["share"] = _ratio(r["gbps"], fixed_zero)
+            continue
+        size = r.get("copy_bytes")
+        r["share"] = _ratio(r["gbps"], rates.get((size, "read")))
+        r["share_zero"] = _ratio(r.get("gbps_zero"), rates.get((size, "zero")))
+        r["share_fixed_copy"] = _ratio(r["gbps"], fixed_read)
 
 
 def group_by_shape(records: list[dict]) -> list[tuple[tuple, dict[str, dict]]]:
@@ -678,16 +862,20 @@ def best_peer(by_impl: dict[str, dict], metric: str, higher_is_better: bool):
     return best
 
 
-def _bw_cell(r: dict | None) -> str:
+def _bw_cell(r: dict | None, zero: bool = False) -> str:
+    """GB/s and % of copy (read flush), or only the % of copy under the zeroing flush."""
     if r is None:
         return ""
     if r["status"] in ("error", "unavailable", "skipped"):
         return {"error": "error", "unavailable": "n/a", "skipped": "skipped"}[r["status"]]
-    if r["gbps"] is None:
+    gbps, share = (r.get("gbps_zero"), r.get("share_zero")) if zero else (r["gbps"], r["share"])
+    if gbps is None:
         return r["status"]
-    share = f" {r['share'] * 100:3.0f}%" if r["share"] is not None else ""
     flag = " WRONG" if r["status"] == "WRONG" else ""
-    return f"{r['gbps']:5.0f}{share}{flag}"
+    if zero:
+        return (f"{share * 100:3.0f}%" if share is not None else f"{gbps:5.0f}") + flag
+    pct = f" {share * 100:3.0f}%" if share is not None else ""
+    return f"{gbps:5.0f}{pct}{flag}"
 
 
 def _lat_cell(r: dict | None) -> str:
@@ -705,21 +893,24 @@ def _lat_cell(r: dict | None) -> str:
     return "/".join(vals) + flag
 
 
-def bandwidth_table(records: list[dict], names: list[str]):
-    headers = ["suite", "dtype", "hidden", "rows"] + [f"{n} GB/s %copy" for n in names]
+def bandwidth_table(records: list[dict], names: list[str], zero: bool = False):
+    """Rows of the bandwidth suites: read flush (GB/s and %), or ``zero``: % under that flush."""
+    metric = "gbps_zero" if zero else "gbps"
+    headers = ["suite", "dtype", "hidden", "rows"]
+    headers += [f"{n} %copy" if zero else f"{n} GB/s %copy" for n in names]
     headers += ["best peer", "autonorm/best"]
     rows = []
     for (suite, dtype, hidden, nrows), by in group_by_shape(records):
         if suite == "latency":
             continue
-        peer, peer_v = best_peer(by, "gbps", higher_is_better=True)
+        peer, peer_v = best_peer(by, metric, higher_is_better=True)
         an = by.get("autonorm")
         ratio = "-"
-        if an is not None and an.get("gbps") and peer_v:
-            ratio = f"{an['gbps'] / peer_v:.2f}x" + (" WRONG" if an["status"] == "WRONG" else "")
-        best = f"{peer} {peer_v:.0f}" if peer else "-"
-        rows.append([suite, dtype, str(hidden), str(nrows)] + [_bw_cell(by.get(n)) for n in names]
-                    + [best, ratio])
+        if an is not None and an.get(metric) and peer_v:
+            ratio = f"{an[metric] / peer_v:.2f}x" + (" WRONG" if an["status"] == "WRONG" else "")
+        best = (peer if zero else f"{peer} {peer_v:.0f}") if peer else "-"
+        rows.append([suite, dtype, str(hidden), str(nrows)]
+                    + [_bw_cell(by.get(n), zero) for n in names] + [best, ratio])
     return headers, rows
 
 
@@ -773,6 +964,27 @@ def render_table(title: str, headers: list[str], rows: list[list[str]], plain: b
     print()
 
 
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:g} MiB"
+
+
+def copy_lines(copy: dict) -> list[str]:
+    """Copy GB/s per buffer size and flush (start, end, the larger used), for the summary."""
+    used = copy.get("used") or used_copies(copy.get("start") or [], copy.get("end") or [])
+    if not used:
+        return ["copy bandwidth: not measured"]
+    lines = ["copy GB/s (device-to-device, bytes moved = 2 x buffer; shares use the larger of "
+             "start/end):"]
+    for n in sorted({u["bytes_buffer"] for u in used}):
+        cells = []
+        for u in (u for u in used if u["bytes_buffer"] == n):
+            cells.append(f"{u['flush']} flush {_fmt(u['gbps'], '.0f')} (start "
+                         f"{_fmt(u['start_gbps'], '.0f')}, end {_fmt(u['end_gbps'], '.0f')})")
+        ref = " (fixed reference)" if n == COPY_BYTES else ""
+        lines.append(f"  buffer {_mib(n):>8s}{ref}: " + "; ".join(cells))
+    return lines
+
+
 def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool) -> None:
     bad = [r for r in records if r["status"] in ("error", "WRONG")]
     if bad:
@@ -792,10 +1004,8 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
     print()
     print(f"device: {meta.get('device')}  torch {meta.get('torch')}  triton {meta.get('triton')}"
           f"  liger {meta.get('liger')}")
-    print(f"copy bandwidth (read+write, do_bench median): start "
-          f"{_fmt(copy.get('start_gbps'), '.0f')} GB/s, end "
-          f"{_fmt(copy.get('end_gbps'), '.0f')} GB/s; shares use "
-          f"{_fmt(copy.get('used_gbps'), '.0f')} GB/s")
+    for line in copy_lines(copy):
+        print(line)
     if paths:
         print(f"autonorm called through: {', '.join(paths)}")
     print(f"wrote {meta.get('json_path')} and {meta.get('png_path') or '(no plot)'}")
@@ -805,8 +1015,13 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
                  "host-inclusive, us; best peer and autonorm/best per metric (<1 = autonorm "
                  "faster)", h, rows, plain)
     h, rows = bandwidth_table(records, names)
-    render_table("LayerNorm forward: GB/s and % of copy bandwidth (do_bench median, L2 flushed); "
-                 "autonorm/best > 1 = autonorm faster", h, rows, plain)
+    render_table("LayerNorm forward: GB/s and % of copy bandwidth (median of single launches, "
+                 "L2 flushed by a read; copy of the same bytes); autonorm/best > 1 = autonorm "
+                 "faster", h, rows, plain)
+    h, rows = bandwidth_table(records, names, zero=True)
+    render_table("The same launches after do_bench's zeroing flush (dirty L2 written back in "
+                 "each launch): % of a copy of the same bytes under that flush; autonorm/best "
+                 "by GB/s", h, rows, plain)
 
 
 # --------------------------------------------------------------------------------------------
@@ -876,15 +1091,21 @@ def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) ->
         ax.set_title(f"{dt}, rows = 2^26 / hidden")
         ax.set_xlabel("hidden size")
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("% of copy bandwidth (L2 flushed, median)")
+    axes[0][0].set_ylabel("% of copy of the same bytes (L2 flushed by a read, median)")
     axes[0][0].set_ylim(0, top * 1.05)
     order = [k for k in handles if k not in ("WRONG", "95%")] + [
         k for k in ("WRONG", "95%") if k in handles
     ]
     fig.legend([handles[k] for k in order], [handles[k].get_label() for k in order],
                loc="lower center", ncol=len(order), fontsize=9, frameon=False)
-    copy = meta.get("copy", {}).get("used_gbps")
-    fig.suptitle(f"LayerNorm forward on {meta.get('device')} (copy {_fmt(copy, '.0f')} GB/s)")
+    used = meta.get("copy", {}).get("used") or []
+    sizes = {r["copy_bytes"] for r in sweep}
+    rates = [u["gbps"] for u in used
+             if u["flush"] == "read" and u["bytes_buffer"] in sizes and u["gbps"]]
+    lo, hi = (f"{min(rates):.0f}", f"{max(rates):.0f}") if rates else ("-", "-")
+    span = lo if lo == hi else f"{lo}-{hi}"
+    fig.suptitle(f"LayerNorm forward on {meta.get('device')}: share of a copy of the same bytes, "
+                 f"L2 flushed by a read (copy {span} GB/s)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -910,12 +1131,31 @@ def collect_meta(args: argparse.Namespace) -> dict:
         "tolerances": TOL,
         "method": {
             "bench": f"triton.testing.do_bench warmup={BENCH_WARMUP_MS} rep={BENCH_REP_MS} "
-                     f"quantiles={QUANTILES} (median first; L2 flushed before each call)",
+                     f"quantiles={QUANTILES} (median first; L2 flushed before each call); "
+                     "latency suite only",
+            "flushed": f"sweep and llm suites: single launches between CUDA events, each after "
+                       f"a flush; warm-up about {BENCH_WARMUP_MS} ms, repeats covering about "
+                       f"{BENCH_REP_MS} ms of kernel time ({FLUSH_MIN_REPS} to "
+                       f"{FLUSH_MAX_REPS}); median, p20, p80. Each launch is timed under both "
+                       "flushes, one right after the other",
+            "flush_read": f"primary (ms, gbps, share): sum a {FLUSH_BYTES // 2**20} MiB int32 "
+                          "buffer before each launch; inputs are evicted and the L2 holds only "
+                          "clean lines, so nothing is written back during the launch",
+            "flush_zero": "secondary (ms_zero, gbps_zero, share_zero): zero the same buffer, "
+                          "as do_bench does; the L2 is left full of dirty lines whose write-back "
+                          "lands in the timed launch, 4-6 us per launch on an H200, which weighs "
+                          "more on shorter launches; kept to compare with earlier runs",
             "graph": f"triton.testing.do_bench_cudagraph rep={GRAPH_REP_MS} (L2 not flushed)",
             "host": f"wall time of {HOST_CALLS} back-to-back calls after a sync, median of "
                     f"{HOST_REPEATS}",
             "bytes": "rows*hidden*itemsize*2 + 2*hidden*itemsize",
-            "share": "GB/s over copy GB/s (bytes read + written)",
+            "share": "GB/s over the GB/s of a device-to-device copy of the same bytes as x "
+                     f"(rounded to {COPY_ROUND // 2**20} MiB; bytes moved = 2 x buffer), timed "
+                     "under the same flush in the same run (larger of start and end). Latency "
+                     f"suite: over the fixed {COPY_BYTES // 2**20} MiB copy, zeroing flush",
+            "share_zero": "gbps_zero over the zeroing-flush copy of the same bytes",
+            "share_fixed_copy": f"gbps (read flush) over the read-flush copy of the fixed "
+                                f"{COPY_BYTES // 2**20} MiB buffer, the yardstick of earlier runs",
         },
     }
     try:
@@ -973,9 +1213,12 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = build_shapes(args)
     log(f"{len(shapes)} shapes x {len(args.impls)} implementations on {meta.get('device')}")
-    copy_start = measure_copy()
-    log(f"copy: {_fmt(copy_start.get('gbps'), '.0f')} GB/s {copy_start.get('error') or ''}")
-    meta["copy"] = {"start": copy_start, "start_gbps": copy_start.get("gbps")}
+    sizes = copy_sizes(shapes)
+    copy_start = measure_copies(sizes)
+    for line in copy_lines({"start": copy_start}):
+        log(line)
+    meta["copy"] = {"sizes": sizes, "fixed_bytes_buffer": COPY_BYTES, "start": copy_start}
+    rates = copy_rates(copy_start)
 
     records: list[dict] = []
     for i, shape in enumerate(shapes):
@@ -995,18 +1238,18 @@ def main(argv: list[str] | None = None) -> int:
                 rec["error"] = f"shape setup failed: {_short(exc)}"
                 records.append(rec)
             _sync_quietly()
-        finalize(records, copy_start.get("gbps"))
+        finalize(records, rates)
         try:
             write_json(json_path, meta, records, complete=False)
         except Exception as exc:  # noqa: BLE001
             log(f"could not write {json_path}: {_short(exc)}")
 
-    copy_end = measure_copy()
-    meta["copy"].update(end=copy_end, end_gbps=copy_end.get("gbps"))
-    cands = [g for g in (copy_start.get("gbps"), copy_end.get("gbps")) if g]
-    meta["copy"]["used_gbps"] = max(cands) if cands else None
-    meta["copy"]["note"] = "shares use the larger of the two copy measurements"
-    finalize(records, meta["copy"]["used_gbps"])
+    copy_end = measure_copies(sizes)
+    meta["copy"]["end"] = copy_end
+    meta["copy"]["used"] = used_copies(copy_start, copy_end)
+    meta["copy"]["note"] = ("each share uses the larger of the start and end copy GB/s of its "
+                            "size and flush")
+    finalize(records, copy_rates(copy_start, copy_end))
     meta["wall_s"] = time.perf_counter() - start
     try:
         err = write_plot(png_path, meta, records, args.impls)
@@ -1027,7 +1270,19 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def synthetic_records(shapes: list[Shape], names: list[str], copy_gbps: float) -> list[dict]:
+def synthetic_copies(sizes: list[int], read_gbps: float, writeback_us: float) -> list[dict]:
+    """Copy entries as measure_copies returns them: one rate, plus a fixed zero-flush cost."""
+    out = []
+    for n in sizes:
+        t_read = 2 * n / (read_gbps * 1e9) * 1e3
+        for f, ms in (("read", t_read), ("zero", t_read + writeback_us * 1e-3)):
+            out.append({"bytes_buffer": n, "bytes_moved": 2 * n, "flush": f, "ms": ms,
+                        "ms_p20": ms * 0.99, "ms_p80": ms * 1.01, "gbps": gbps_of(2 * n, ms)})
+    return out
+
+
+def synthetic_records(shapes: list[Shape], names: list[str],
+                      rates: dict[tuple[int, str], float]) -> list[dict]:
     rng = random.Random(0)
     records = []
     for si, shape in enumerate(shapes):
@@ -1042,11 +1297,16 @@ def synthetic_records(shapes: list[Shape], names: list[str], copy_gbps: float) -
                 records.append(rec)
                 continue
             share = rng.uniform(0.3, 0.97)
-            ms = shape.bytes / (share * copy_gbps * 1e9) * 1e3
             if shape.suite == "latency":
-                ms += 0.004
+                ms = shape.bytes / (share * rates[(COPY_BYTES, "zero")] * 1e9) * 1e3 + 0.004
                 rec["graph_us"] = ms * 1e3 * 0.8
                 rec["host_us"] = ms * 1e3 + rng.uniform(2, 20)
+            else:
+                ms = shape.bytes / (share * rates[(shape.copy_bytes, "read")] * 1e9) * 1e3
+                # The zeroing flush's write-back: a fixed few us per launch.
+                mz = ms + rng.uniform(0.004, 0.006)
+                rec.update(ms_zero=mz, ms_zero_p20=mz * 0.98, ms_zero_p80=mz * 1.03,
+                           gbps_zero=gbps_of(shape.bytes, mz))
             err = rng.uniform(1e-4, 4e-3) if shape.dtype != "fp32" else rng.uniform(1e-8, 1e-7)
             if impl == "triton" and si % 5 == 2:
                 err = float("nan")
@@ -1078,6 +1338,13 @@ def selftest(args: argparse.Namespace) -> int:
             raise AssertionError(f"accepted {bad}")
     full = build_shapes(parse_args(["--selftest"]))
     assert len(full) == 9 * 3 + 4 + 2, len(full)
+    # Hidden 768 and 12288 are a few KiB short of 2^27 / 2^28 bytes: they share those copies.
+    assert copy_sizes(full) == [2**25, 2**26, 2**27, 2**28], copy_sizes(full)
+    assert Shape("latency", "bf16", 16384, 8).copy_bytes is None
+    assert rep_count(0.07, BENCH_REP_MS) == FLUSH_MAX_REPS
+    assert rep_count(10.0, BENCH_REP_MS) == FLUSH_MIN_REPS
+    assert rep_count(0.2, BENCH_REP_MS) == 500
+    assert summarize_ms([5.0, 1.0, 3.0, 2.0, 4.0]) == (3.0, 1.8, 4.2)
     s = Shape("sweep", "bf16", 4096, 2**26 // 4096)
     assert s.bytes == 2**26 * 2 * 2 + 2 * 4096 * 2
     assert abs(gbps_of(10**9, 1.0) - 1000.0) < 1e-9
@@ -1099,20 +1366,33 @@ def selftest(args: argparse.Namespace) -> int:
     # Tables, JSON, plot on synthetic numbers.
     shapes = build_shapes(args)
     names = list(args.impls)
-    copy_gbps = 4250.0
-    records = synthetic_records(shapes, names, copy_gbps)
+    sizes = copy_sizes(shapes)
+    copy_start = synthetic_copies(sizes, 4250.0, 5.0)
+    copy_end = synthetic_copies(sizes, 4230.0, 5.5)
+    rates = copy_rates(copy_start, copy_end)
+    # The larger of start and end is used; the zeroing flush's fixed cost lowers that copy.
+    assert rates[(COPY_BYTES, "read")] == 4250.0, rates
+    assert rates[(COPY_BYTES, "zero")] < rates[(COPY_BYTES, "read")], rates
+    records = synthetic_records(shapes, names, rates)
     records.append(dict(new_record(Shape("llm", "bf16", 8192, 4096), "autonorm"),
                         status="skipped", error="time budget of 520 s spent"))
-    finalize(records, copy_gbps)
+    finalize(records, rates)
+    bw_ok = [r for r in records if r["suite"] != "latency" and r["status"] == "ok"]
+    assert bw_ok or not any(s.suite != "latency" for s in shapes)
+    for r in bw_ok:
+        for key in ("share", "share_zero", "share_fixed_copy", "gbps_zero", "ms_zero"):
+            assert r[key] is not None and math.isfinite(r[key]), (key, r)
+    assert all(r["share_zero"] is None for r in records if r["suite"] == "latency")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": "SYNTHETIC (selftest)", "torch": "-", "triton": "-", "liger": "-",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "copy": {"start_gbps": copy_gbps, "end_gbps": copy_gbps * 0.99, "used_gbps": copy_gbps},
+        "copy": {"sizes": sizes, "fixed_bytes_buffer": COPY_BYTES, "start": copy_start,
+                 "end": copy_end, "used": used_copies(copy_start, copy_end)},
         "json_path": str(out / "peers.json"), "png_path": str(out / "peers.png"),
     }
-    for r in records[:12]:
+    for r in records[:8] + bw_ok[:4]:
         print(progress_line(r))
     err = write_plot(out / "peers.png", meta, records, names)
     if err:
@@ -1123,7 +1403,17 @@ def selftest(args: argparse.Namespace) -> int:
     assert len(loaded["measurements"]) == len(records)
     assert any(m["rel_err"] is None and m["status"] == "WRONG" for m in loaded["measurements"]) \
         or "triton" not in names
-    print_summary(meta, records, names, plain=True)
+    assert all(m["share"] is not None for m in loaded["measurements"]
+               if m["suite"] != "latency" and m["status"] == "ok")
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_summary(meta, records, names, plain=True)
+    summary = text.getvalue()
+    print(summary, end="")
+    if any(s.suite != "latency" for s in shapes):
+        for needle in ("L2 flushed by a read; copy of the same bytes", "do_bench's zeroing flush",
+                       "read flush", "zero flush", "(fixed reference)"):
+            assert needle in summary, needle
     print_summary(meta, records, names, plain=args.plain)
     print(f"selftest ok: {len(records)} synthetic rows; files in {out}")
     return 0
