@@ -562,18 +562,18 @@ def host_us(fn) -> float:
     return statistics.median(samples) * 1e6
 
 
-# The flush buffer is allocated once: a fresh 256 MB allocation per measurement would cost time
-# and could fail late in a run when memory is fragmented.
-_FLUSH_BUFFER: dict = {}
+@functools.cache
+def _flush_buffer():
+    """The flush buffer, allocated once: a fresh 256 MB allocation per measurement would cost
+    time and could fail late in a run when memory is fragmented."""
+    import torch
+
+    return torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
 
 
 def flush_launch(kind: str):
     """Return the callable run before each timed launch: ``read`` or ``zero`` (see FLUSHES)."""
-    if "buf" not in _FLUSH_BUFFER:
-        import torch
-
-        _FLUSH_BUFFER["buf"] = torch.zeros(FLUSH_BYTES // 4, dtype=torch.int32, device=DEVICE)
-    buf = _FLUSH_BUFFER["buf"]
+    buf = _flush_buffer()
     if kind == "read":
         # Evicts the inputs and leaves only clean lines: nothing to write back in the launch.
         return lambda: buf.sum()
