@@ -1,0 +1,132 @@
+"""Lab only: the normalize pass's weight/bias loads, issued earlier or unrolled differently.
+
+Session 9's call A/B (decompose_lab.py) found the 16-bit smem winners x1.03-1.04 faster at
+12288-16384 (and t512 at 32768 x1.07) without weight and bias, and call C (rt_lab.py) that sharing
+one load among several rows does not recover it. So is it the loads' latency in pass 3? The tree
+``templates_p3`` takes two template globals: ``U3_LAB``, the unroll of pass 3 (4 as shipped; 0
+unrolls fully), and ``PRE_LAB``, which loads the weight and bias of the first (up to 4) vectors
+into registers before pass 3: 1 just before the pass-2 reduction (their latency hides behind
+its barrier), 2 right after the row cache fill is issued (behind the fill's DRAM latency). The
+``noaff`` line is the same config on a problem without weight and bias (the ceiling). Each kernel
+is verified against float64 by the product's evaluator, then all are timed interleaved.
+
+Build the tree(s) first (templates_p3): ``benchmarks/lab/tree_patches/README.md``.
+Run from the repo root on the GPU machine: ``python benchmarks/lab/p3_lab.py --out $OUT``;
+``--offline`` compiles the plan with nvcc instead (registers and spills, no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from tree_render import templates_from
+
+from autonorm import codegen, compiler
+from autonorm.space import H200, DeviceLimits, KernelConfig, Problem
+
+TREE = Path(__file__).parent / "templates_p3"
+W16 = "t256v8r1-smem-two_pass-c1-p0-m64"
+VARIANTS = ("base", "noaff", "u2", "u8", "pre1", "pre2")
+GLOBALS = {"u2": {"U3_LAB": 2}, "u8": {"U3_LAB": 0}, "pre1": {"PRE_LAB": 1},
+           "pre2": {"PRE_LAB": 2}}
+PLAN = (
+    ("bfloat16", 16384, W16), ("float16", 16384, W16), ("bfloat16", 12288, W16),
+    ("float16", 12288, W16), ("bfloat16", 8192, W16),
+    ("bfloat16", 32768, "t512v8r1-smem-two_pass-c1-p0-m64"),
+    ("bfloat16", 4096, "t128v8r1-smem-two_pass-c1-p0-m64"),
+)
+
+
+def render_variant(config: KernelConfig, problem: Problem, variant: str,
+                   limits: DeviceLimits = H200) -> codegen.RenderedKernel:
+    """``config`` as shipped (base, noaff) or from ``templates_p3`` with the variant's globals."""
+    if variant not in GLOBALS:
+        return codegen.render(config, problem, limits)
+    with templates_from(TREE):
+        codegen.template_environment().globals.update(GLOBALS[variant])
+        rendered = codegen.render(config, problem, limits)
+    name = f"{rendered.name}_{variant}"
+    return dataclasses.replace(rendered, name=name,
+                               source=rendered.source.replace(rendered.name, name))
+
+
+def offline() -> None:
+    for dtype, hidden, label in PLAN:
+        problem = Problem(hidden, dtype)
+        kernels = [render_variant(KernelConfig.from_label(label), problem, v)
+                   for v in VARIANTS if v != "noaff"]
+        reports = compiler.compile_offline(kernels, "sm_90")
+        for k in kernels:
+            r = reports[k.name]
+            print(dtype, hidden, label, k.name.rsplit("_", 1)[-1], r.registers, r.spill_stores)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--offline", action="store_true")
+    args = ap.parse_args()
+    if args.offline:
+        offline()
+        return
+    from autonorm.evaluator import GpuEvaluator
+
+    class VariantEvaluator(GpuEvaluator):
+        variant = "base"
+
+        def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+            if config not in self._rendered:
+                self._rendered[config] = render_variant(config, self.problem, self.variant,
+                                                        self.limits)
+            return self._rendered[config]
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = compiler.CompilePool()
+    records = []
+    for dtype, hidden, label in PLAN:
+        rows = (1 << 26) // hidden
+        config = KernelConfig.from_label(label)
+        evs = []
+        for v in VARIANTS:
+            problem = Problem(hidden, dtype, has_weight=v != "noaff", has_bias=v != "noaff")
+            e = VariantEvaluator(problem, rows, pool=pool)
+            e.variant = v
+            e.prepare([config])
+            evs.append((v, e))
+        ok = []
+        for v, e in evs:
+            o = e.evaluate(config)
+            if o.status != "ok":
+                print(f"{dtype:8s} {hidden:6d} {v:6s} {o.status}: {(o.error or '')[:300]}",
+                      flush=True)
+                continue
+            ok.append((v, e, e._compile(config).attributes.get("num_regs"), o.max_rel_err))  # noqa: SLF001
+        per: dict[str, list[float]] = {v: [] for v, *_ in ok}
+        for _ in range(args.rounds):
+            for v, e, *_ in ok:
+                per[v].append(e.time(config, samples=10).median_us)
+        first = statistics.median(per[ok[0][0]]) if ok else float("nan")
+        for v, e, regs, err in ok:
+            us = statistics.median(per[v])
+            share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
+            records.append(dict(dtype=dtype, hidden=hidden, variant=v, label=label, us=us,
+                                share=share, speedup=first / us, regs=regs, err=err,
+                                rounds=per[v], copy_gbps=e.copy_gbps))
+            print(f"{dtype:8s} {hidden:6d} {v:6s} {label:36s} {us:7.2f} us {share * 100:5.1f}% "
+                  f"x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+        json.dump(records, open(out / "p3_lab.json", "w"), indent=1)
+        del evs, ok
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()

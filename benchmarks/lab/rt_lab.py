@@ -1,0 +1,144 @@
+"""Lab only: several rows per thread, so one weight/bias load serves them all.
+
+Call A and B of session 9 (decompose_lab.py): the 16-bit smem winners run x1.03-1.04 faster at
+12288-16384, and t512 at 32768 x1.07, on a problem without weight and bias; L1 evict_last on
+those loads and more rows per block (each row group loading its own) did not recover it. Here
+``templates_rt`` adds a kernel body where every thread of a block works on the same columns of
+RT rows held in shared memory (filled by cp.async), reduces the RT rows' sums with one barrier
+per pass, and loads each weight/bias vector once for the RT rows. The lab renders it through
+autonorm's codegen (a template global ``RT_LAB``), launches ceil(rows / RT) blocks, verifies
+every kernel against float64 with the product's verifier and times them interleaved.
+
+Build the tree(s) first (templates_rt): ``benchmarks/lab/tree_patches/README.md``.
+Run from the repo root on the GPU machine: ``python benchmarks/lab/rt_lab.py --out $OUT``.
+``--offline`` compiles every planned kernel with nvcc instead (no GPU) and prints registers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from tree_render import templates_from
+
+from autonorm import codegen, compiler, space
+from autonorm.space import H200, KernelConfig, Problem
+
+LAB = Path(__file__).parent
+TREE = LAB / "templates_rt"
+W16 = "t256v8r1-smem-two_pass-c1-p0-m64"
+PLAN: dict[tuple[str, int], list[tuple[str, int]]] = {
+    ("bfloat16", 16384): [(W16, 1), (W16, 2), (W16, 4), ("t512v8r1-smem-two_pass-c1-p0-m64", 2),
+                          ("t128v8r1-smem-two_pass-c1-p0-m64", 2)],
+    ("float16", 16384): [(W16, 1), (W16, 2), (W16, 4), ("t512v8r1-smem-two_pass-c1-p0-m64", 2)],
+    ("bfloat16", 12288): [(W16, 1), (W16, 2), (W16, 4), ("t512v8r1-smem-two_pass-c1-p0-m64", 2)],
+    ("bfloat16", 32768): [("t512v8r1-bulk-two_pass-c1-p0-s2", 1),
+                          ("t512v8r1-smem-two_pass-c1-p0-m64", 1),
+                          ("t512v8r1-smem-two_pass-c1-p0-m64", 2),
+                          ("t256v8r1-smem-two_pass-c1-p0-m64", 2),
+                          ("t1024v8r1-smem-two_pass-c1-p0", 2)],
+    ("bfloat16", 8192): [(W16, 1), (W16, 2), (W16, 4)],
+    ("float32", 16384): [("t512v4r1-bulk-two_pass-c1-p0-s3", 1),
+                         ("t512v4r1-smem-two_pass-c1-p0", 1), ("t512v4r1-smem-two_pass-c1-p0", 2),
+                         ("t256v4r1-smem-two_pass-c1-p0", 2)],
+    ("float32", 12288): [("t512v4r1-registers-two_pass-c1-p4", 1),
+                         ("t256v4r1-smem-two_pass-c1-p0", 2),
+                         ("t512v4r1-smem-two_pass-c1-p0", 2)],
+}
+
+
+def render_rt(config: KernelConfig, problem: Problem, rt: int,
+              limits: space.DeviceLimits = H200) -> codegen.RenderedKernel:
+    """``config`` rendered from ``templates_rt`` with RT rows per thread (RT 1: as shipped)."""
+    if rt == 1:
+        return codegen.render(config, problem, limits)
+    with templates_from(TREE):
+        codegen.template_environment().globals["RT_LAB"] = rt
+        rendered = codegen.render(config, problem, limits)
+    shape = space.derive_shape(config, problem)
+    launch = dataclasses.replace(
+        rendered.launch, rows_per_block=rt,
+        smem_bytes=rt * shape.segment * problem.itemsize + space.SCRATCH_SMEM)
+    name = f"{rendered.name}_rt{rt}"  # RT 1 and RT k of one config share codegen's name
+    return dataclasses.replace(rendered, name=name, launch=launch,
+                               source=rendered.source.replace(rendered.name, name))
+
+
+def offline() -> None:
+    for (dtype, hidden), items in PLAN.items():
+        problem = Problem(hidden, dtype)
+        kernels = [render_rt(KernelConfig.from_label(lab), problem, rt) for lab, rt in items]
+        reports = compiler.compile_offline(kernels, "sm_90")
+        for (lab, rt), k in zip(items, kernels, strict=True):
+            print(dtype, hidden, lab, f"RT{rt}", reports.get(k.name), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--offline", action="store_true")
+    args = ap.parse_args()
+    if args.offline:
+        offline()
+        return
+    from autonorm.evaluator import GpuEvaluator
+
+    class RtEvaluator(GpuEvaluator):
+        rt = 1
+
+        def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+            if config not in self._rendered:
+                self._rendered[config] = render_rt(config, self.problem, self.rt, self.limits)
+            return self._rendered[config]
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pool = compiler.CompilePool()
+    records = []
+    for (dtype, hidden), items in PLAN.items():
+        rows = (1 << 26) // hidden
+        problem = Problem(hidden, dtype)
+        evs: dict[int, RtEvaluator] = {}
+        plan = []
+        for lab, rt in items:
+            if rt not in evs:
+                evs[rt] = RtEvaluator(problem, rows, pool=pool)
+                evs[rt].rt = rt
+            plan.append((rt, evs[rt], KernelConfig.from_label(lab)))
+        for _, e, c in plan:
+            e.prepare([c])
+        ok = []
+        for rt, e, c in plan:
+            o = e.evaluate(c)
+            if o.status != "ok":
+                print(f"{dtype:8s} {hidden:6d} RT{rt} {c.label():40s} {o.status}: "
+                      f"{(o.error or '')[:300]}", flush=True)
+                continue
+            ok.append((rt, e, c, e._compile(c).attributes.get("num_regs"), o.max_rel_err))  # noqa: SLF001
+        per: dict[tuple[int, KernelConfig], list[float]] = {(rt, c): [] for rt, _, c, *_ in ok}
+        for _ in range(args.rounds):
+            for rt, e, c, *_ in ok:
+                per[rt, c].append(e.time(c, samples=10).median_us)
+        first = statistics.median(per[ok[0][0], ok[0][2]]) if ok else float("nan")
+        for rt, e, c, regs, err in ok:
+            us = statistics.median(per[rt, c])
+            share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
+            records.append(dict(dtype=dtype, hidden=hidden, rt=rt, label=c.label(), us=us,
+                                share=share, speedup=first / us, regs=regs, err=err,
+                                rounds=per[rt, c], copy_gbps=e.copy_gbps))
+            print(f"{dtype:8s} {hidden:6d} RT{rt} {c.label():40s} {us:7.2f} us "
+                  f"{share * 100:5.1f}% x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+        json.dump(records, open(out / "rt_lab.json", "w"), indent=1)
+        del evs, plan, ok
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    pool.close()
+
+
+if __name__ == "__main__":
+    main()
