@@ -148,6 +148,27 @@ def fills_async(config_: KernelConfig, problem: Problem, device: DeviceLimits = 
     )
 
 
+# The normalize pass of a 16-bit shared-memory row filled by cp.async is unrolled fully, not 4
+# vectors deep, when a thread stores at most this many vectors of one row (two-pass statistics,
+# one row per block, at most 256 threads, the 64-register cap): every weight/bias load of the
+# row is then in flight in one round trip instead of two. Measured on the H200 (NOTES.md 48,
+# lab/p3_lab.py): t256v8r1-smem-m64 at 16384 (8 vectors) x1.022 bf16 / x1.034 fp16, at 12288 (6)
+# x1.009 / x1.000; at 4 vectors the code is the same. t512v8r1 at bf16 32768 (8 vectors) spilled
+# 8 bytes under NVRTC, and nvcc 13.0 spilled 8-16 bytes in Welford kernels and several rows per
+# block (sweep of the 980 kernels a looser rule touched), hence the bounds.
+UNROLL_STORE_ITERS = 8
+
+
+def unrolls_store(config_: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
+    """Whether the normalize-and-store pass is unrolled fully instead of 4 vectors deep."""
+    return (
+        fills_async(config_, problem, device) and problem.itemsize == 2
+        and config_.stats == "two_pass" and config_.rows_per_block == 1
+        and config_.max_regs > 0 and config_.threads <= 256
+        and derive_shape(config_, problem).iters <= UNROLL_STORE_ITERS
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     """Return the Jinja environment over the templates directory (kernel and export)."""
@@ -244,6 +265,7 @@ def render(
         "PREFETCH": prefetches(config_),
         "FCACHE": holds_fp32_row(config_, problem),
         "ASYNC_FILL": fills_async(config_, problem, device or H200),
+        "UNROLL_STORE": unrolls_store(config_, problem, device or H200),
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,

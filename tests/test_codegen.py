@@ -24,6 +24,7 @@ from autonorm.codegen import (
     kernel_name,
     render,
     templates_hash,
+    unrolls_store,
 )
 from autonorm.reference import to_float64
 from autonorm.space import (
@@ -367,6 +368,27 @@ def test_long_smem_rows_are_filled_by_cp_async():
     # other row caches never use it
     for cache in ("registers", "none"):
         assert not fills_async(dataclasses.replace(long_row, cache=cache, max_regs=0), bf16)
+
+
+def test_store_pass_unrolled_fully_only_where_measured():
+    bf16 = Problem(16384, "bfloat16")
+    winner = KernelConfig(threads=256, vec=8, cache="smem", stats="two_pass", max_regs=64)
+    assert unrolls_store(winner, bf16)  # 8 vectors, cp.async fill, 256 threads, capped
+    src = render(winner, bf16, H200).source
+    full = "#pragma unroll\n    for (int it = 0; it < ITERS; ++it) {"
+    assert src.count(full) == 1  # the store pass; the fill and both statistics passes stay 4 deep
+    assert src.count("#pragma unroll 4\n    for (int it = 0; it < ITERS; ++it) {") == 3
+    # 4 vectors (plain fill), 512 threads (spilled under NVRTC at 32768), uncapped, fp32,
+    # more than 8 vectors: the store pass stays 4 deep
+    assert not unrolls_store(winner, Problem(8192, "bfloat16"))
+    assert not unrolls_store(dataclasses.replace(winner, threads=512), Problem(32768, "bfloat16"))
+    assert not unrolls_store(dataclasses.replace(winner, max_regs=0), bf16)
+    assert not unrolls_store(dataclasses.replace(winner, vec=4, max_regs=0),
+                             Problem(8192, "float32"))
+    assert not unrolls_store(dataclasses.replace(winner, threads=128), bf16)  # 16 vectors
+    assert not unrolls_store(winner, bf16, DeviceLimits(cc=75))  # no cp.async fill
+    plain = render(winner, Problem(8192, "bfloat16"), H200).source
+    assert full not in plain
 
 
 # --------------------------------------------------------------------------- launch plans
