@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 from pathlib import Path
 
 from ab_lab import BaseEvaluator
+from lab_eval import compare, free_gpu_memory
 
 from autonorm import compiler, space
 from autonorm.evaluator import GpuEvaluator
@@ -106,35 +106,10 @@ def main() -> None:
                 print(f"{dtype:8s} {hidden:6d} {kind:6s} {label}: invalid: {why}", flush=True)
                 continue
             variants.append((kind, evs[kind], cfg))
-        for _, e, c in variants:
-            e.prepare([c])
-        ok = []
-        for name, e, c in variants:
-            o = e.evaluate(c)
-            if o.status != "ok":
-                print(f"{dtype:8s} {hidden:6d} {name:6s} {c.label():40s} {o.status}: "
-                      f"{(o.error or '')[:200]}", flush=True)
-                continue
-            regs = e._compile(c).attributes.get("num_regs")  # noqa: SLF001
-            ok.append((name, e, c, regs, o.max_rel_err))
-        per: dict[tuple[str, KernelConfig], list[float]] = {(n, c): [] for n, _, c, *_ in ok}
-        for _ in range(args.rounds):
-            for name, e, c, *_ in ok:
-                per[name, c].append(e.time(c, samples=10).median_us)
-        first = statistics.median(per[ok[0][0], ok[0][2]]) if ok else float("nan")
-        for name, e, c, regs, err in ok:
-            us = statistics.median(per[name, c])
-            share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
-            records.append(dict(dtype=dtype, hidden=hidden, variant=name, label=c.label(), us=us,
-                                share=share, speedup=first / us, regs=regs, err=err,
-                                rounds=per[name, c], copy_gbps=e.copy_gbps))
-            print(f"{dtype:8s} {hidden:6d} {name:6s} {c.label():40s} {us:7.2f} us "
-                  f"{share * 100:5.1f}% x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+        records += compare(dtype, hidden, variants, args.rounds)
         json.dump(records, open(out / "decompose_lab.json", "w"), indent=1)
-        del evs, variants, ok
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
+        del evs, variants
+        free_gpu_memory()
     pool.close()
 
 

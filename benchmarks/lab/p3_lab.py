@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
-import statistics
 from pathlib import Path
 
+from lab_eval import RenderingEvaluator, compare, free_gpu_memory
 from tree_render import templates_from
 
 from autonorm import codegen, compiler
@@ -41,8 +42,8 @@ PLAN = (
 )
 
 
-def render_variant(config: KernelConfig, problem: Problem, variant: str,
-                   limits: DeviceLimits = H200) -> codegen.RenderedKernel:
+def render_variant(config: KernelConfig, problem: Problem, limits: DeviceLimits = H200,
+                   *, variant: str) -> codegen.RenderedKernel:
     """``config`` as shipped (base, noaff) or from ``templates_p3`` with the variant's globals."""
     if variant not in GLOBALS:
         return codegen.render(config, problem, limits)
@@ -57,7 +58,7 @@ def render_variant(config: KernelConfig, problem: Problem, variant: str,
 def offline() -> None:
     for dtype, hidden, label in PLAN:
         problem = Problem(hidden, dtype)
-        kernels = [render_variant(KernelConfig.from_label(label), problem, v)
+        kernels = [render_variant(KernelConfig.from_label(label), problem, variant=v)
                    for v in VARIANTS if v != "noaff"]
         reports = compiler.compile_offline(kernels, "sm_90")
         for k in kernels:
@@ -74,17 +75,6 @@ def main() -> None:
     if args.offline:
         offline()
         return
-    from autonorm.evaluator import GpuEvaluator
-
-    class VariantEvaluator(GpuEvaluator):
-        variant = "base"
-
-        def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
-            if config not in self._rendered:
-                self._rendered[config] = render_variant(config, self.problem, self.variant,
-                                                        self.limits)
-            return self._rendered[config]
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = compiler.CompilePool()
@@ -92,39 +82,15 @@ def main() -> None:
     for dtype, hidden, label in PLAN:
         rows = (1 << 26) // hidden
         config = KernelConfig.from_label(label)
-        evs = []
+        entries = []
         for v in VARIANTS:
             problem = Problem(hidden, dtype, has_weight=v != "noaff", has_bias=v != "noaff")
-            e = VariantEvaluator(problem, rows, pool=pool)
-            e.variant = v
-            e.prepare([config])
-            evs.append((v, e))
-        ok = []
-        for v, e in evs:
-            o = e.evaluate(config)
-            if o.status != "ok":
-                print(f"{dtype:8s} {hidden:6d} {v:6s} {o.status}: {(o.error or '')[:300]}",
-                      flush=True)
-                continue
-            ok.append((v, e, e._compile(config).attributes.get("num_regs"), o.max_rel_err))  # noqa: SLF001
-        per: dict[str, list[float]] = {v: [] for v, *_ in ok}
-        for _ in range(args.rounds):
-            for v, e, *_ in ok:
-                per[v].append(e.time(config, samples=10).median_us)
-        first = statistics.median(per[ok[0][0]]) if ok else float("nan")
-        for v, e, regs, err in ok:
-            us = statistics.median(per[v])
-            share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
-            records.append(dict(dtype=dtype, hidden=hidden, variant=v, label=label, us=us,
-                                share=share, speedup=first / us, regs=regs, err=err,
-                                rounds=per[v], copy_gbps=e.copy_gbps))
-            print(f"{dtype:8s} {hidden:6d} {v:6s} {label:36s} {us:7.2f} us {share * 100:5.1f}% "
-                  f"x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+            render = functools.partial(render_variant, variant=v)
+            entries.append((v, RenderingEvaluator(render, problem, rows, pool=pool), config))
+        records += compare(dtype, hidden, entries, args.rounds)
         json.dump(records, open(out / "p3_lab.json", "w"), indent=1)
-        del evs, ok
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
+        del entries
+        free_gpu_memory()
     pool.close()
 
 

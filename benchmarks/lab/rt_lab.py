@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
-import statistics
 from pathlib import Path
 
+from lab_eval import RenderingEvaluator, compare, free_gpu_memory
 from tree_render import templates_from
 
 from autonorm import codegen, compiler, space
@@ -50,8 +51,8 @@ PLAN: dict[tuple[str, int], list[tuple[str, int]]] = {
 }
 
 
-def render_rt(config: KernelConfig, problem: Problem, rt: int,
-              limits: space.DeviceLimits = H200) -> codegen.RenderedKernel:
+def render_rt(config: KernelConfig, problem: Problem, limits: space.DeviceLimits = H200,
+              *, rt: int) -> codegen.RenderedKernel:
     """``config`` rendered from ``templates_rt`` with RT rows per thread (RT 1: as shipped)."""
     if rt == 1:
         return codegen.render(config, problem, limits)
@@ -70,7 +71,7 @@ def render_rt(config: KernelConfig, problem: Problem, rt: int,
 def offline() -> None:
     for (dtype, hidden), items in PLAN.items():
         problem = Problem(hidden, dtype)
-        kernels = [render_rt(KernelConfig.from_label(lab), problem, rt) for lab, rt in items]
+        kernels = [render_rt(KernelConfig.from_label(lab), problem, rt=rt) for lab, rt in items]
         reports = compiler.compile_offline(kernels, "sm_90")
         for (lab, rt), k in zip(items, kernels, strict=True):
             print(dtype, hidden, lab, f"RT{rt}", reports.get(k.name), flush=True)
@@ -85,16 +86,6 @@ def main() -> None:
     if args.offline:
         offline()
         return
-    from autonorm.evaluator import GpuEvaluator
-
-    class RtEvaluator(GpuEvaluator):
-        rt = 1
-
-        def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
-            if config not in self._rendered:
-                self._rendered[config] = render_rt(config, self.problem, self.rt, self.limits)
-            return self._rendered[config]
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pool = compiler.CompilePool()
@@ -102,41 +93,17 @@ def main() -> None:
     for (dtype, hidden), items in PLAN.items():
         rows = (1 << 26) // hidden
         problem = Problem(hidden, dtype)
-        evs: dict[int, RtEvaluator] = {}
+        evs: dict[int, RenderingEvaluator] = {}
         plan = []
         for lab, rt in items:
             if rt not in evs:
-                evs[rt] = RtEvaluator(problem, rows, pool=pool)
-                evs[rt].rt = rt
-            plan.append((rt, evs[rt], KernelConfig.from_label(lab)))
-        for _, e, c in plan:
-            e.prepare([c])
-        ok = []
-        for rt, e, c in plan:
-            o = e.evaluate(c)
-            if o.status != "ok":
-                print(f"{dtype:8s} {hidden:6d} RT{rt} {c.label():40s} {o.status}: "
-                      f"{(o.error or '')[:300]}", flush=True)
-                continue
-            ok.append((rt, e, c, e._compile(c).attributes.get("num_regs"), o.max_rel_err))  # noqa: SLF001
-        per: dict[tuple[int, KernelConfig], list[float]] = {(rt, c): [] for rt, _, c, *_ in ok}
-        for _ in range(args.rounds):
-            for rt, e, c, *_ in ok:
-                per[rt, c].append(e.time(c, samples=10).median_us)
-        first = statistics.median(per[ok[0][0], ok[0][2]]) if ok else float("nan")
-        for rt, e, c, regs, err in ok:
-            us = statistics.median(per[rt, c])
-            share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
-            records.append(dict(dtype=dtype, hidden=hidden, rt=rt, label=c.label(), us=us,
-                                share=share, speedup=first / us, regs=regs, err=err,
-                                rounds=per[rt, c], copy_gbps=e.copy_gbps))
-            print(f"{dtype:8s} {hidden:6d} RT{rt} {c.label():40s} {us:7.2f} us "
-                  f"{share * 100:5.1f}% x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+                evs[rt] = RenderingEvaluator(functools.partial(render_rt, rt=rt), problem, rows,
+                                             pool=pool)
+            plan.append((f"RT{rt}", evs[rt], KernelConfig.from_label(lab)))
+        records += compare(dtype, hidden, plan, args.rounds)
         json.dump(records, open(out / "rt_lab.json", "w"), indent=1)
-        del evs, plan, ok
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
+        del evs, plan
+        free_gpu_memory()
     pool.close()
 
 

@@ -1,0 +1,75 @@
+"""Verify-then-time for lab scripts that compare kernel variants of one shape (lab only).
+
+decompose_lab.py, rt_lab.py and p3_lab.py each build, per shape, a list of (name, evaluator,
+config) entries; :func:`compare` verifies every entry with the product's evaluator, times the
+verified ones interleaved (round-robin) and reports each against the first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autonorm import codegen
+from autonorm.evaluator import GpuEvaluator
+from autonorm.space import DeviceLimits, KernelConfig, Problem
+
+Render = Callable[[KernelConfig, Problem, DeviceLimits], codegen.RenderedKernel]
+
+
+class RenderingEvaluator(GpuEvaluator):
+    """The product's evaluator, rendering through ``render`` (a lab's variant of codegen)."""
+
+    def __init__(self, render: Render, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._render_variant = render
+
+    def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+        if config not in self._rendered:
+            self._rendered[config] = self._render_variant(config, self.problem, self.limits)
+        return self._rendered[config]
+
+
+Entry = tuple[str, GpuEvaluator, KernelConfig]
+
+
+def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> list[dict]:
+    """Verify ``entries``, time the verified ones interleaved, print and return one record each.
+
+    A record holds the median of ``rounds`` medians (10 launches each), the share of copy
+    bandwidth, the speedup over the first verified entry, registers and the verifier's error.
+    """
+    for _, e, c in entries:
+        e.prepare([c])
+    ok = []
+    for name, e, c in entries:
+        o = e.evaluate(c)
+        if o.status != "ok":
+            print(f"{dtype:8s} {hidden:6d} {name:6s} {c.label():40s} {o.status}: "
+                  f"{(o.error or '')[:300]}", flush=True)
+            continue
+        regs = e._compile(c).attributes.get("num_regs")  # noqa: SLF001
+        ok.append((name, e, c, regs, o.max_rel_err))
+    per: dict[tuple[str, KernelConfig], list[float]] = {(n, c): [] for n, _, c, *_ in ok}
+    for _ in range(rounds):
+        for name, e, c, *_ in ok:
+            per[name, c].append(e.time(c, samples=10).median_us)
+    first = statistics.median(per[ok[0][0], ok[0][2]]) if ok else float("nan")
+    records = []
+    for name, e, c, regs, err in ok:
+        us = statistics.median(per[name, c])
+        share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
+        records.append(dict(dtype=dtype, hidden=hidden, variant=name, label=c.label(), us=us,
+                            share=share, speedup=first / us, regs=regs, err=err,
+                            rounds=per[name, c], copy_gbps=e.copy_gbps))
+        print(f"{dtype:8s} {hidden:6d} {name:6s} {c.label():40s} {us:7.2f} us "
+              f"{share * 100:5.1f}% x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+    return records
+
+
+def free_gpu_memory() -> None:
+    """Return the shape's buffers to the device before the next shape allocates its own."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
