@@ -22,13 +22,10 @@ Run from the repo root on the GPU machine: ``python benchmarks/lab/cluster_cap_l
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from lab_eval import compare, free_gpu_memory
+from lab_eval import lab_arguments, run_plan
 
 from autonorm import codegen, compiler, space
+from autonorm.evaluator import GpuEvaluator
 from autonorm.space import H200, KernelConfig, Problem
 
 PLAN: dict[tuple[str, int], list[str]] = {
@@ -70,30 +67,21 @@ def offline() -> None:
         print(k.problem.dtype, k.problem.hidden, k.config.label(), r.registers, r.spill_stores)
 
 
+def shape_entries(shape: tuple[tuple[str, int], list[str]],
+                  pool: compiler.CompilePool) -> tuple[str, int, list]:
+    """One shape's entries: every planned config on one evaluator, named by its cluster."""
+    (dtype, hidden), labels = shape
+    ev = GpuEvaluator(Problem(hidden, dtype), (1 << 26) // hidden, pool=pool)
+    return dtype, hidden, [(f"c{c.cluster}", ev, c) for c in map(KernelConfig.from_label, labels)]
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="/tmp/out")
-    ap.add_argument("--offline", action="store_true")
-    args = ap.parse_args()
+    args = lab_arguments().parse_args()
     lift_cluster_cap_rule()
     if args.offline:
         offline()
         return
-    from autonorm.evaluator import GpuEvaluator
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = compiler.CompilePool()
-    records = []
-    for (dtype, hidden), labels in PLAN.items():
-        ev = GpuEvaluator(Problem(hidden, dtype), (1 << 26) // hidden, pool=pool)
-        entries = [(f"c{c.cluster}", ev, c) for c in map(KernelConfig.from_label, labels)]
-        records += compare(dtype, hidden, entries, args.rounds)
-        json.dump(records, open(out / "cluster_cap_lab.json", "w"), indent=1)
-        del ev, entries
-        free_gpu_memory()
-    pool.close()
+    run_plan("cluster_cap_lab", PLAN.items(), shape_entries, args.rounds, args.out)
 
 
 if __name__ == "__main__":

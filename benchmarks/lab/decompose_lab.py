@@ -22,13 +22,11 @@ Run from the repo root on the GPU machine: ``python benchmarks/lab/decompose_lab
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 from ab_lab import BaseEvaluator
-from lab_eval import compare, free_gpu_memory
+from lab_eval import lab_arguments, run_plan
 
 from autonorm import compiler, space
 from autonorm.evaluator import GpuEvaluator
@@ -78,39 +76,35 @@ def parse_plan(text: str) -> dict[tuple[str, int], list[tuple[str, str]]]:
     return plan
 
 
+def shape_entries(shape: tuple[tuple[str, int], list[tuple[str, str]]],
+                  pool: compiler.CompilePool) -> tuple[str, int, list]:
+    """One shape's (variant, evaluator, config) entries; invalid ones are printed and left out."""
+    (dtype, hidden), wanted = shape
+    rows = (1 << 26) // hidden
+    problem = Problem(hidden, dtype)
+    evs = {"base": GpuEvaluator(problem, rows, pool=pool),
+           "noaff": GpuEvaluator(Problem(hidden, dtype, has_weight=False, has_bias=False),
+                                 rows, pool=pool)}
+    variants = []
+    for label, kind in wanted:
+        if kind not in evs:
+            evs[kind] = tree_evaluator(problem, rows, pool, f"templates_{kind}")
+        cfg = KernelConfig.from_label(label)
+        why = space.check(cfg, evs[kind].problem)
+        if why:
+            print(f"{dtype:8s} {hidden:6d} {kind:6s} {label}: invalid: {why}", flush=True)
+            continue
+        variants.append((kind, evs[kind], cfg))
+    return dtype, hidden, variants
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="/tmp/out")
+    ap = lab_arguments(offline=False)
     ap.add_argument("--plan", default="", help="dtype:hidden:label:variant,... (default: call A's)")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     space.MAX_REGS = (0, 40, 64)  # this process only
-    pool = compiler.CompilePool()
     plan = parse_plan(args.plan) if args.plan else default_plan()
-    records = []
-    for (dtype, hidden), wanted in plan.items():
-        rows = (1 << 26) // hidden
-        problem = Problem(hidden, dtype)
-        evs = {"base": GpuEvaluator(problem, rows, pool=pool),
-               "noaff": GpuEvaluator(Problem(hidden, dtype, has_weight=False, has_bias=False),
-                                     rows, pool=pool)}
-        variants = []
-        for label, kind in wanted:
-            if kind not in evs:
-                evs[kind] = tree_evaluator(problem, rows, pool, f"templates_{kind}")
-            cfg = KernelConfig.from_label(label)
-            why = space.check(cfg, evs[kind].problem)
-            if why:
-                print(f"{dtype:8s} {hidden:6d} {kind:6s} {label}: invalid: {why}", flush=True)
-                continue
-            variants.append((kind, evs[kind], cfg))
-        records += compare(dtype, hidden, variants, args.rounds)
-        json.dump(records, open(out / "decompose_lab.json", "w"), indent=1)
-        del evs, variants
-        free_gpu_memory()
-    pool.close()
+    run_plan("decompose_lab", plan.items(), shape_entries, args.rounds, args.out)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
 """Verify-then-time for lab scripts that compare kernel variants of one shape (lab only).
 
-decompose_lab.py, rt_lab.py and p3_lab.py each build, per shape, a list of (name, evaluator,
-config) entries; :func:`compare` verifies every entry with the product's evaluator, times the
-verified ones interleaved (round-robin) and reports each against the first.
+decompose_lab.py, rt_lab.py, p3_lab.py and cluster_cap_lab.py each build, per shape, a list of
+(name, evaluator, config) entries; :func:`run_plan` runs the shapes in turn, and
+:func:`compare` verifies every entry with the product's evaluator, times the verified ones
+interleaved (round-robin) and reports each against the first.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from autonorm import codegen
+from autonorm import codegen, compiler
 from autonorm.evaluator import GpuEvaluator
 from autonorm.space import DeviceLimits, KernelConfig, Problem
 
@@ -32,6 +36,41 @@ class RenderingEvaluator(GpuEvaluator):
 
 
 Entry = tuple[str, GpuEvaluator, KernelConfig]
+# Builds one shape's entries (evaluators compile in the pool): (dtype, hidden, entries).
+EntriesFor = Callable[[Any, compiler.CompilePool], tuple[str, int, list[Entry]]]
+
+
+def lab_arguments(offline: bool = True) -> argparse.ArgumentParser:
+    """The options every comparing lab takes: --rounds, --out and (optionally) --offline."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default="/tmp/out")
+    if offline:
+        ap.add_argument("--offline", action="store_true",
+                        help="compile the plan with nvcc instead (registers, spills; no GPU)")
+    return ap
+
+
+def run_plan(name: str, shapes: Iterable[Any], entries_for: EntriesFor, rounds: int,
+             out: str) -> list[dict]:
+    """Compare each shape's entries in turn; ``out/<name>.json`` is rewritten after every shape.
+
+    A shape's evaluators (and their rotated inputs) are released before the next shape's.
+    """
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pool = compiler.CompilePool()
+    records: list[dict] = []
+    try:
+        for shape in shapes:
+            dtype, hidden, entries = entries_for(shape, pool)
+            records += compare(dtype, hidden, entries, rounds)
+            json.dump(records, open(out_dir / f"{name}.json", "w"), indent=1)
+            del entries
+            free_gpu_memory()
+    finally:
+        pool.close()
+    return records
 
 
 def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> list[dict]:

@@ -17,13 +17,11 @@ Run from the repo root on the GPU machine: ``python benchmarks/lab/p3_lab.py --o
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
-from lab_eval import RenderingEvaluator, compare, free_gpu_memory
+from lab_eval import RenderingEvaluator, lab_arguments, run_plan
 from tree_render import templates_from
 
 from autonorm import codegen, compiler
@@ -66,32 +64,25 @@ def offline() -> None:
             print(dtype, hidden, label, k.name.rsplit("_", 1)[-1], r.registers, r.spill_stores)
 
 
+def shape_entries(shape: tuple[str, int, str], pool: compiler.CompilePool) -> tuple[str, int, list]:
+    """One shape's entries: the config under every variant, each with its own evaluator."""
+    dtype, hidden, label = shape
+    config = KernelConfig.from_label(label)
+    entries = []
+    for v in VARIANTS:
+        problem = Problem(hidden, dtype, has_weight=v != "noaff", has_bias=v != "noaff")
+        render = functools.partial(render_variant, variant=v)
+        entries.append((v, RenderingEvaluator(render, problem, (1 << 26) // hidden, pool=pool),
+                        config))
+    return dtype, hidden, entries
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="/tmp/out")
-    ap.add_argument("--offline", action="store_true")
-    args = ap.parse_args()
+    args = lab_arguments().parse_args()
     if args.offline:
         offline()
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = compiler.CompilePool()
-    records = []
-    for dtype, hidden, label in PLAN:
-        rows = (1 << 26) // hidden
-        config = KernelConfig.from_label(label)
-        entries = []
-        for v in VARIANTS:
-            problem = Problem(hidden, dtype, has_weight=v != "noaff", has_bias=v != "noaff")
-            render = functools.partial(render_variant, variant=v)
-            entries.append((v, RenderingEvaluator(render, problem, rows, pool=pool), config))
-        records += compare(dtype, hidden, entries, args.rounds)
-        json.dump(records, open(out / "p3_lab.json", "w"), indent=1)
-        del entries
-        free_gpu_memory()
-    pool.close()
+    run_plan("p3_lab", PLAN, shape_entries, args.rounds, args.out)
 
 
 if __name__ == "__main__":

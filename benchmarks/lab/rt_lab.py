@@ -16,13 +16,11 @@ Run from the repo root on the GPU machine: ``python benchmarks/lab/rt_lab.py --o
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
-from lab_eval import RenderingEvaluator, compare, free_gpu_memory
+from lab_eval import RenderingEvaluator, lab_arguments, run_plan
 from tree_render import templates_from
 
 from autonorm import codegen, compiler, space
@@ -77,34 +75,27 @@ def offline() -> None:
             print(dtype, hidden, lab, f"RT{rt}", reports.get(k.name), flush=True)
 
 
+def shape_entries(shape: tuple[tuple[str, int], list[tuple[str, int]]],
+                  pool: compiler.CompilePool) -> tuple[str, int, list]:
+    """One shape's entries: an evaluator per RT, each config under its RT."""
+    (dtype, hidden), items = shape
+    problem = Problem(hidden, dtype)
+    evs: dict[int, RenderingEvaluator] = {}
+    entries = []
+    for lab, rt in items:
+        if rt not in evs:
+            evs[rt] = RenderingEvaluator(functools.partial(render_rt, rt=rt), problem,
+                                         (1 << 26) // hidden, pool=pool)
+        entries.append((f"RT{rt}", evs[rt], KernelConfig.from_label(lab)))
+    return dtype, hidden, entries
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default="/tmp/out")
-    ap.add_argument("--offline", action="store_true")
-    args = ap.parse_args()
+    args = lab_arguments().parse_args()
     if args.offline:
         offline()
         return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pool = compiler.CompilePool()
-    records = []
-    for (dtype, hidden), items in PLAN.items():
-        rows = (1 << 26) // hidden
-        problem = Problem(hidden, dtype)
-        evs: dict[int, RenderingEvaluator] = {}
-        plan = []
-        for lab, rt in items:
-            if rt not in evs:
-                evs[rt] = RenderingEvaluator(functools.partial(render_rt, rt=rt), problem, rows,
-                                             pool=pool)
-            plan.append((f"RT{rt}", evs[rt], KernelConfig.from_label(lab)))
-        records += compare(dtype, hidden, plan, args.rounds)
-        json.dump(records, open(out / "rt_lab.json", "w"), indent=1)
-        del evs, plan
-        free_gpu_memory()
-    pool.close()
+    run_plan("rt_lab", PLAN.items(), shape_entries, args.rounds, args.out)
 
 
 if __name__ == "__main__":
