@@ -8,6 +8,13 @@ Every number autonorm reports comes from :func:`time_launches`:
 - each sample times a batch of launches between two CUDA events; batches of short kernels are
   replayed from a CUDA graph so launch gaps don't count;
 - median, p20, p80 and the coefficient of variation of the per-launch times.
+
+The tuner's finals time their contenders a second way, :func:`time_single_launches`: one launch
+at a time, each after a read of a buffer four times the L2 (so the L2 holds only clean lines),
+as ``benchmarks/peers.py`` times every implementation. The two regimes can rank two kernels a few
+points apart differently (NOTES.md 49: at bf16 32768 the back-to-back finals stored a kernel that
+ran 5 points under the runner-up in single launches), and single launches are what a layer norm
+between other kernels sees.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from autonorm.results import Timing
 WARMUP_S = 0.03
 SAMPLE_TARGET_S = 300e-6  # each sample covers at least this much GPU time
 GRAPH_BELOW_S = 30e-6  # kernels shorter than this are timed from a CUDA graph
+# The finals time single launches where a launch takes at least this long at copy speed; below
+# it, the launch's fixed cost (and the event's resolution) would outweigh the kernels' difference.
+SINGLE_FROM_S = 10e-6
+FLUSH_L2_MULTIPLE = 4  # the flush reads this many times the L2
 
 
 def bytes_moved(rows: int, hidden: int, itemsize: int, affine_tensors: int) -> int:
@@ -121,6 +132,78 @@ def time_launches(
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3 / inner)
     return summarize(times, nbytes, copy_gbps)
+
+
+def time_single_launches(
+    launch: Callable[[int, int], None],
+    nbytes: int,
+    n_sets: int,
+    *,
+    flush_bytes: int,
+    samples: int = 20,
+    copy_gbps: float | None = None,
+) -> Timing:
+    """Time single launches, each after an L2 flush by a read (the peers' regime).
+
+    Args:
+        launch: ``launch(i, stream_ptr)`` enqueues one launch on input set ``i % n_sets``.
+        nbytes: bytes one launch must move (for GB/s).
+        n_sets: number of rotated input sets.
+        flush_bytes: size of the buffer read before each launch (several times the L2).
+        samples: number of timed launches.
+        copy_gbps: copy bandwidth timed the same way, for the share.
+
+    """
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    buf = _flush_buffer(cupy.cuda.Device().id, flush_bytes)
+    pairs = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(samples)]
+    with stream:
+        # A lead of flushes keeps the GPU busy while the host enqueues, so no start event fires
+        # on an idle GPU before its launch arrives (that would time the host, not the kernel).
+        for i in range(2):
+            buf.sum()
+            launch(i % n_sets, stream.ptr)
+        buf.sum()
+        for i, (start, stop) in enumerate(pairs):
+            buf.sum()
+            start.record(stream)
+            launch(i % n_sets, stream.ptr)
+            stop.record(stream)
+    stream.synchronize()
+    times = [cupy.cuda.get_elapsed_time(a, b) / 1e3 for a, b in pairs]
+    return summarize(times, nbytes, copy_gbps)
+
+
+@functools.cache
+def _flush_buffer(device_id: int, nbytes: int) -> Any:
+    """The flush buffer, allocated once per device and size (int32 ones: never timed as zeros)."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.ones(nbytes // 4, dtype=cupy.int32)
+
+
+@functools.cache
+def single_copy_gbps(device_id: int, nbytes: int, flush_bytes: int) -> float:
+    """Copy bandwidth of ``nbytes`` moved (read + written), timed by :func:`time_single_launches`.
+
+    The finals' share divides by this, a copy of the problem's own bytes timed the same way.
+    """
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        src = cupy.ones(max(nbytes // 8, 1), dtype=cupy.float32)
+        dst = cupy.empty_like(src)
+
+        def launch(_: int, stream_ptr: int) -> None:
+            dst.data.copy_from_device_async(src.data, src.nbytes,
+                                            cupy.cuda.ExternalStream(stream_ptr))
+
+        timing = time_single_launches(launch, 2 * src.nbytes, 1, flush_bytes=flush_bytes,
+                                      samples=30)
+    return timing.gbps
 
 
 @functools.cache

@@ -196,7 +196,8 @@ def tune(
                 f"no candidate passed verification ({result.failures}); nothing stored"
             )
         t = result.timing
-        metrics = t.metrics(rows=rows, trials=result.evaluated, copy_gbps=evaluator.copy_gbps)
+        copy_gbps = t.copy_gbps or evaluator.copy_gbps
+        metrics = t.metrics(rows=rows, trials=result.evaluated, copy_gbps=copy_gbps)
         store.set_winner(key, result.best.to_dict(), metrics)
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are kept; run the same command to resume",
@@ -212,7 +213,7 @@ def tune(
     click.echo(
         f"winner{kept}: {result.best.label()}\n"
         f"  {t.median_us:.1f} us  {t.gbps:.0f} GB/s  {t.share * 100:.1f}% of copy bandwidth "
-        f"({evaluator.copy_gbps:.0f} GB/s)  cv {t.cv:.3f}\n"
+        f"({copy_gbps:.0f} GB/s)  cv {t.cv:.3f}\n"
         f"  {result.evaluated} candidates measured, failures {result.failures or 'none'}; "
         f"tuned in {elapsed:.1f} s; stored in {store_path()}"
     )

@@ -139,25 +139,58 @@ class GpuEvaluator:
             return Outcome("launch", error=f"{type(exc).__name__}: {exc}")
         return Outcome("ok", timing=timing, max_rel_err=result.max_rel_err)
 
+    def single_launches(self) -> bool:
+        """True where the finals time single launches (a launch of at least SINGLE_FROM_S)."""
+        return self.nbytes / (self.copy_gbps * 1e9) >= bench.SINGLE_FROM_S
+
+    def time_single(self, config: KernelConfig, samples: int = 20) -> Timing:
+        """Time an already verified configuration as single launches after an L2 flush.
+
+        Its share is of a copy of the same bytes timed the same way.
+        """
+        kernel = self._compile(config)
+        flush_bytes = bench.FLUSH_L2_MULTIPLE * self.info.l2_bytes
+        copy = bench.single_copy_gbps(self.device_id, self.nbytes, flush_bytes)
+        return bench.time_single_launches(
+            self._launcher(kernel), self.nbytes, self.n_sets, flush_bytes=flush_bytes,
+            samples=samples, copy_gbps=copy,
+        )
+
     def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Timing]:
-        """Re-time ``configs`` interleaved (round-robin) ``rounds`` times; median of rounds."""
+        """Re-time ``configs`` interleaved (round-robin) ``rounds`` times; median of rounds.
+
+        Problems whose launch takes at least ``bench.SINGLE_FROM_S`` are timed as single
+        launches after an L2 flush (see :mod:`autonorm.bench`); shorter ones back to back.
+        The cv is the spread of the rounds' medians; back to back, also at least a round's own
+        (a sample there is already a batch's mean), while a single launch's jitter (p20-p80
+        about 2.4% at bf16 32768 in the peers' run) says little about a median of 20.
+        """
+        single = self.single_launches()
+        if single:
+            time_one = self.time_single
+        else:
+            def time_one(config: KernelConfig) -> Timing:
+                return self.time(config, samples=max(5, self.samples // 3))
+
         per: list[list[Timing]] = [[] for _ in configs]
         for _ in range(rounds):
             for i, config in enumerate(configs):
-                per[i].append(self.time(config, samples=max(5, self.samples // 3)))
+                per[i].append(time_one(config))
         out = []
         for timings in per:
             med = statistics.median(t.median_us for t in timings)
             best = min(timings, key=lambda t: abs(t.median_us - med))
             cv = statistics.pstdev([t.median_us for t in timings]) / med if med else 0.0
+            gbps = self.nbytes / (med * 1e-6) / 1e9
             out.append(
                 Timing(
                     median_us=med,
                     p20_us=min(t.p20_us for t in timings),
                     p80_us=max(t.p80_us for t in timings),
-                    cv=max(cv, best.cv),
-                    gbps=self.nbytes / (med * 1e-6) / 1e9,
-                    share=self.nbytes / (med * 1e-6) / 1e9 / self.copy_gbps,
+                    cv=cv if single else max(cv, best.cv),
+                    gbps=gbps,
+                    # the copy the rounds were divided by (single-launch or back-to-back)
+                    share=gbps * best.share / best.gbps if best.gbps else 0.0,
                     samples=sum(t.samples for t in timings),
                 )
             )

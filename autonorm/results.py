@@ -38,6 +38,15 @@ class Timing:
     share: float = 0.0
     samples: int = 0
 
+    @property
+    def copy_gbps(self) -> float:
+        """The copy bandwidth the share is of, in GB/s (0 if unknown).
+
+        The finals may divide by a copy of the problem's own bytes timed in single launches,
+        not by the evaluator's back-to-back copy.
+        """
+        return self.gbps / self.share if self.share else 0.0
+
     def metrics(self, **extra: object) -> dict[str, object]:
         """Return the timing as the metrics dict stored in the tuning DB, plus ``extra``."""
         return {

@@ -66,8 +66,9 @@ def main() -> None:
             )
             if result.best is not None and result.timing is not None:
                 t = result.timing
+                copy_gbps = t.copy_gbps or evaluator.copy_gbps
                 store.set_winner(key, result.best.to_dict(), t.metrics(
-                    rows=rows, trials=result.evaluated, copy_gbps=evaluator.copy_gbps))
+                    rows=rows, trials=result.evaluated, copy_gbps=copy_gbps))
                 print(f"{problem.dtype:9s} {hidden:6d} r{rows:<6d} {t.share * 100:5.1f}% "
                       f"{t.gbps:6.0f} GB/s "
                       f"{t.median_us:7.1f} us {result.best.label()} "

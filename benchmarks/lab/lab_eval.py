@@ -77,7 +77,9 @@ def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> l
     """Verify ``entries``, time the verified ones interleaved, print and return one record each.
 
     A record holds the median of ``rounds`` medians (10 launches each), the share of copy
-    bandwidth, the speedup over the first verified entry, registers and the verifier's error.
+    bandwidth, the speedup over the first verified entry, registers and the verifier's error;
+    then the same in the finals' single-launch regime (``*_single``: 20 launches a round, each
+    after an L2 flush, share of a same-bytes copy timed that way).
     """
     for _, e, c in entries:
         e.prepare([c])
@@ -91,19 +93,30 @@ def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> l
         regs = e._compile(c).attributes.get("num_regs")  # noqa: SLF001
         ok.append((name, e, c, regs, o.max_rel_err))
     per: dict[tuple[str, KernelConfig], list[float]] = {(n, c): [] for n, _, c, *_ in ok}
+    single: dict[tuple[str, KernelConfig], list[Any]] = {(n, c): [] for n, _, c, *_ in ok}
     for _ in range(rounds):
         for name, e, c, *_ in ok:
             per[name, c].append(e.time(c, samples=10).median_us)
+            single[name, c].append(e.time_single(c))
     first = statistics.median(per[ok[0][0], ok[0][2]]) if ok else float("nan")
+    first_single = (statistics.median(t.median_us for t in single[ok[0][0], ok[0][2]])
+                    if ok else float("nan"))
     records = []
     for name, e, c, regs, err in ok:
         us = statistics.median(per[name, c])
         share = e.nbytes / (us * 1e-6) / 1e9 / e.copy_gbps
+        us1 = statistics.median(t.median_us for t in single[name, c])
+        share1 = e.nbytes / (us1 * 1e-6) / 1e9 / single[name, c][0].copy_gbps
         records.append(dict(dtype=dtype, hidden=hidden, variant=name, label=c.label(), us=us,
                             share=share, speedup=first / us, regs=regs, err=err,
-                            rounds=per[name, c], copy_gbps=e.copy_gbps))
+                            rounds=per[name, c], copy_gbps=e.copy_gbps, us_single=us1,
+                            share_single=share1, speedup_single=first_single / us1,
+                            rounds_single=[t.median_us for t in single[name, c]],
+                            copy_gbps_single=single[name, c][0].copy_gbps))
         print(f"{dtype:8s} {hidden:6d} {name:6s} {c.label():40s} {us:7.2f} us "
-              f"{share * 100:5.1f}% x{first / us:.3f} regs {regs} err {err:.1e}", flush=True)
+              f"{share * 100:5.1f}% x{first / us:.3f} | single {us1:7.2f} us "
+              f"{share1 * 100:5.1f}% x{first_single / us1:.3f} | regs {regs} err {err:.1e}",
+              flush=True)
     return records
 
 
