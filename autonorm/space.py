@@ -94,13 +94,14 @@ def welford_run_cap(problem: Problem) -> int:
     return WELFORD_RUN_MAX if problem.itemsize == 4 else WELFORD_RUN_MAX_16BIT
 
 
-def bulk_scratch_bytes(stages: int, rows_per_block: int) -> int:
+def bulk_scratch_bytes(stages: int, rows_per_block: int, cluster: int = 1) -> int:
     """Shared memory of the bulk-copy kernel besides its stages.
 
-    That is the mbarriers, the reduction scratch ([2][32] floats) and the cluster exchange
-    slots ([2][rows][4] floats).
+    That is the stages' mbarriers (a cluster: two more for the exchange), the reduction scratch
+    ([2][32] floats) and the cluster exchange slots ([2][rows][cluster][4] floats).
     """
-    return stages * 8 + 2 * 32 * 4 + 2 * rows_per_block * 4 * 4
+    exchange = 2 * 8 if cluster > 1 else 0
+    return stages * 8 + exchange + 2 * 32 * 4 + 2 * rows_per_block * max(cluster, 1) * 4 * 4
 
 
 class ConfigError(AutonormError, ValueError):
@@ -301,7 +302,8 @@ def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     """Dynamic shared memory a launch of ``config`` needs, in bytes."""
     if config.cache == "bulk":
         stages = max(config.stages, 1)
-        return bulk_stage_bytes(config, problem) + bulk_scratch_bytes(stages, config.rows_per_block)
+        return bulk_stage_bytes(config, problem) + bulk_scratch_bytes(
+            stages, config.rows_per_block, config.cluster)
     shape = derive_shape(config, problem)
     cache = shape.smem_cache_bytes if config.cache == "smem" else 0
     return cache + SCRATCH_SMEM

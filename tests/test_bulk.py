@@ -173,10 +173,12 @@ def test_smem_bytes_of_bulk():
     ]
     for cfg, problem, rows, segment in cases:
         expected = cfg.stages * rows * segment * problem.itemsize
-        expected += bulk_scratch_bytes(cfg.stages, rows)
+        expected += bulk_scratch_bytes(cfg.stages, rows, cfg.cluster)
         assert smem_bytes(cfg, problem) == expected, cfg.label()
     # mbarriers, reduction scratch [2][32] floats and the cluster slots [2][rows][4] floats
     assert bulk_scratch_bytes(3, 2) == 3 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4
+    # a cluster: two exchange mbarriers, and a slot per block of the cluster [2][rows][C][4]
+    assert bulk_scratch_bytes(3, 2, 4) == 3 * 8 + 2 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 * 4
 
 
 # --------------------------------------------------------------------------- occupancy
