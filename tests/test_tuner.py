@@ -22,7 +22,7 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.trial import TrialState
 
 from autonorm import space
-from autonorm.results import Outcome
+from autonorm.results import Outcome, Timing
 from autonorm.space import H200, KernelConfig, Problem
 from autonorm.tuner import (
     TuneSettings,
@@ -496,3 +496,11 @@ def test_two_workers_share_a_study_without_measuring_twice(tmp_path):
     )
     assert evaluator.calls == [] and result.evaluated == len(calls)
     assert result.best == min(configs_of(measured), key=fake_median_us)
+
+
+def test_a_timing_names_the_copy_its_share_divides_by() -> None:
+    # The finals divide by a copy timed as they time (single launches), not by the evaluator's
+    # back-to-back copy; the CLI and the DB report this one.
+    timing = Timing(70.0, 69.0, 71.0, 0.01, gbps=3900.0, share=0.95, samples=20)
+    assert timing.copy_gbps == pytest.approx(3900.0 / 0.95)
+    assert Timing(70.0, 69.0, 71.0, 0.01, gbps=3900.0).copy_gbps == 0.0  # no share, no copy
