@@ -139,7 +139,7 @@ class GpuEvaluator:
             return Outcome("launch", error=f"{type(exc).__name__}: {exc}")
         return Outcome("ok", timing=timing, max_rel_err=result.max_rel_err)
 
-    def single_launches(self) -> bool:
+    def retimes_in_single_launches(self) -> bool:
         """True where the finals time single launches (a launch of at least SINGLE_FROM_S)."""
         return self.nbytes / (self.copy_gbps * 1e9) >= bench.SINGLE_FROM_S
 
@@ -165,7 +165,7 @@ class GpuEvaluator:
         (a sample there is already a batch's mean), while a single launch's jitter (p20-p80
         about 2.4% at bf16 32768 in the peers' run) says little about a median of 20.
         """
-        single = self.single_launches()
+        single = self.retimes_in_single_launches()
         if single:
             time_one = self.time_single
         else:

@@ -28,7 +28,7 @@ def test_finals_time_long_problems_in_single_launches_and_rank_them() -> None:
     from autonorm.evaluator import GpuEvaluator
 
     evaluator = GpuEvaluator(Problem(16384, "bfloat16"), rows=4096)
-    assert evaluator.single_launches()  # 128 MiB moved: about 32 us at copy speed
+    assert evaluator.retimes_in_single_launches()  # 128 MiB moved: about 32 us at copy speed
     for config in (FAST, SLOW):
         assert evaluator.evaluate(config).ok
     fast, slow = evaluator.retime([FAST, SLOW], 3)
@@ -46,7 +46,7 @@ def test_finals_time_short_problems_back_to_back() -> None:
     from autonorm.evaluator import GpuEvaluator
 
     evaluator = GpuEvaluator(Problem(16384, "bfloat16"), rows=8)
-    assert not evaluator.single_launches()
+    assert not evaluator.retimes_in_single_launches()
     assert evaluator.evaluate(FAST).ok
     (timing,) = evaluator.retime([FAST], 2)
     assert timing.copy_gbps == pytest.approx(evaluator.copy_gbps, rel=1e-6)
