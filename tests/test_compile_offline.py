@@ -91,8 +91,9 @@ def sweep_kernels(dtype: str) -> list[RenderedKernel]:
     return list(kernels.values())
 
 
-# Valid configurations that nvcc 13.0 spills for sm_90: product bugs, found by compiling every
-# distinct valid configuration of the sweep's hidden sizes (2026-11-29; bf16 and fp16: none).
+# Configurations that nvcc 13.0 spilled for sm_90 when they were valid: product bugs, found by
+# compiling every distinct valid configuration of the sweep's hidden sizes (2026-11-29; bf16 and
+# fp16: none). The space now rejects all of them.
 # test_known_spills_are_fixed pins them; the sweep tolerates them so that it keeps guarding
 # everything else. (hidden, label) pairs.
 KNOWN_SPILLS: dict[str, set[tuple[int, str]]] = {
@@ -211,14 +212,9 @@ def _known_spill_kernels() -> list[RenderedKernel]:
 
 @requires_nvcc
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="product bug: some 1024-thread smem/none fp32 kernels spill 8-32 bytes at 64 "
-    "registers (the one-warp-block cases were fixed by counting registers per SM quarter); the "
-    "evaluator rejects any kernel with local memory at run time",
-)
 def test_known_spills_are_fixed():
+    # The one-warp-block cases were fixed by counting registers per SM quarter, the 1024-thread
+    # fp32 ones by space._spills_at_1024_fp32 (session 10): none of them is valid any more.
     kernels = _known_spill_kernels()
     if not kernels:
         return

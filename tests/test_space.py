@@ -627,3 +627,21 @@ def test_labels_parse_back():
     for bad in ("t256v8r1-smem", "t256v8r1-smem-two_pass-c1-p0-x3", "smem"):
         with pytest.raises(ValueError, match="not a kernel label"):
             KernelConfig.from_label(bad)
+
+
+def test_fp32_1024_thread_kernels_that_spill_at_64_registers_are_invalid():
+    # space._spills_at_1024_fp32: fitted to nvcc 13.0 on 1,692 kernels, none spilled out of
+    # sample (1,608 more at 18 other hidden sizes); the compile sweep would catch a regression.
+    fp32 = {h: Problem(h, "float32") for h in (768, 12288, 16384, 24576)}
+    spilling = [(12288, "t1024v4r2-none-welford-c1-p0"), (16384, "t1024v4r1-none-welford-c1-p0"),
+                (768, "t1024v4r32-smem-two_pass-c1-p0")]
+    clean = [(24576, "t1024v4r1-none-welford-c1-p0"), (12288, "t1024v4r4-none-welford-c1-p0"),
+             (16384, "t1024v4r1-smem-two_pass-c1-p0"), (12288, "t512v4r2-none-welford-c1-p0")]
+    for hidden, label in spilling:
+        reasons = check(KernelConfig.from_label(label), fp32[hidden])
+        assert any("spill at 64 registers" in r for r in reasons), (label, reasons)
+    for hidden, label in clean:
+        assert not check(KernelConfig.from_label(label), fp32[hidden]), label
+    # 16-bit rows hold half the registers per element: the rule is fp32's only
+    assert not check(KernelConfig.from_label("t1024v4r2-none-welford-c1-p0"),
+                     Problem(12288, "bfloat16"))
