@@ -195,14 +195,8 @@ def single_copy_gbps(device_id: int, nbytes: int, flush_bytes: int) -> float:
 
     with cupy.cuda.Device(device_id):
         src = cupy.ones(max(nbytes // 8, 1), dtype=cupy.float32)
-        dst = cupy.empty_like(src)
-
-        def launch(_: int, stream_ptr: int) -> None:
-            dst.data.copy_from_device_async(src.data, src.nbytes,
-                                            cupy.cuda.ExternalStream(stream_ptr))
-
-        timing = time_single_launches(launch, 2 * src.nbytes, 1, flush_bytes=flush_bytes,
-                                      samples=30)
+        timing = time_single_launches(_copy_launch(src), 2 * src.nbytes, 1,
+                                      flush_bytes=flush_bytes, samples=30)
     return timing.gbps
 
 
@@ -213,13 +207,20 @@ def copy_bandwidth_gbps(device_id: int = 0, nbytes: int = 1 << 29) -> float:
 
     with cupy.cuda.Device(device_id):
         src = cupy.random.random(nbytes // 4, dtype=cupy.float32)
-        dst = cupy.empty_like(src)
-
-        def launch(_: int, stream_ptr: int) -> None:
-            dst.data.copy_from_device_async(src.data, nbytes, cupy.cuda.ExternalStream(stream_ptr))
-
-        timing = time_launches(launch, 2 * nbytes, 1, samples=15)
+        timing = time_launches(_copy_launch(src), 2 * src.nbytes, 1, samples=15)
     return timing.gbps
+
+
+def _copy_launch(src: Any) -> Callable[[int, int], None]:
+    """A launch (for the timers) copying ``src`` into a new array of its size on the stream."""
+    import cupy
+
+    dst = cupy.empty_like(src)
+
+    def launch(_: int, stream_ptr: int) -> None:
+        dst.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.ExternalStream(stream_ptr))
+
+    return launch
 
 
 def poison_fill(array: Any) -> None:

@@ -189,8 +189,8 @@ class GpuEvaluator:
                     p80_us=max(t.p80_us for t in timings),
                     cv=cv if single else max(cv, best.cv),
                     gbps=gbps,
-                    # the copy the rounds were divided by (single-launch or back-to-back)
-                    share=gbps * best.share / best.gbps if best.gbps else 0.0,
+                    # of the copy the rounds were divided by (single-launch or back-to-back)
+                    share=gbps / best.copy_gbps if best.copy_gbps else 0.0,
                     samples=sum(t.samples for t in timings),
                 )
             )
