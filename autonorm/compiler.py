@@ -49,7 +49,7 @@ class _DriverLauncher:
     CuPy's ``Function.__call__`` builds its argument buffer on every call; at rows=1 that made
     up most of a 13.9 us host cost per autonorm call (H200, torch path, 2026-11-29) against a
     10 us budget. Here each thread keeps its own preallocated argument buffer and a call only
-    stores six values into it.
+    stores seven values into it.
     """
 
     _lib: Any = None
@@ -85,6 +85,9 @@ class _DriverLauncher:
                 ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
                 ctypes.c_void_p, ctypes.c_void_p,
             ]
+            status = lib.cuStreamIsCapturing
+            status.restype = ctypes.c_int
+            status.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
             cls._lib = fn
         return cls._lib
 
@@ -94,20 +97,26 @@ class _DriverLauncher:
         if bufs is None:
             values = (
                 ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64(),
-                ctypes.c_int32(), ctypes.c_float(),
+                ctypes.c_int32(), ctypes.c_float(), ctypes.c_uint64(),
             )
-            params = (ctypes.c_void_p * 6)(*(ctypes.addressof(v) for v in values))
+            params = (ctypes.c_void_p * 7)(*(ctypes.addressof(v) for v in values))
             bufs = local.bufs = (*values, params)
         return bufs
 
     def __call__(
         self, grid: int, block: int, smem: int, stream_ptr: int,
-        x: int, w: int, b: int, y: int, rows: int, eps: float,
+        x: int, w: int, b: int, y: int, rows: int, eps: float, work: int,
     ) -> int:
         """Launch; return the CUresult (0 on success)."""
-        vx, vw, vb, vy, vrows, veps, params = self._buffers()
+        vx, vw, vb, vy, vrows, veps, vwork, params = self._buffers()
         vx.value, vw.value, vb.value, vy.value, vrows.value, veps.value = x, w, b, y, rows, eps
+        vwork.value = work
         return self._lib(self._fn, grid, 1, 1, block, 1, 1, smem, stream_ptr, params, None)
+
+
+def driver_library() -> Any:
+    """The CUDA driver library (ctypes), or None where it cannot be loaded."""
+    return _DriverLauncher._cuda if _DriverLauncher._driver() else None  # noqa: SLF001
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -129,7 +138,7 @@ def resident_clusters(function: Any, plan: LaunchPlan, sm_count: int) -> int | N
     blocks per SM cannot tell. None where the driver cannot be asked; the plan then assumes
     ``blocks_per_sm`` blocks on every SM.
     """
-    lib = _DriverLauncher._driver() and _DriverLauncher._cuda  # noqa: SLF001
+    lib = driver_library()
     ptr = getattr(function, "ptr", None)
     if not lib or not ptr:
         return None
@@ -158,8 +167,9 @@ class CompiledKernel:
         function: Any,
         sm_count: int,
         attributes: dict[str, int] | None = None,
+        device_id: int = 0,
     ) -> None:
-        """Wrap a CuPy ``Function`` (``RawKernel.kernel``) for fast launches."""
+        """Wrap a CuPy ``Function`` (``RawKernel.kernel``) loaded on GPU ``device_id``."""
         import numpy as np
 
         self.attributes = dict(attributes or {})
@@ -168,6 +178,9 @@ class CompiledKernel:
         self.plan: LaunchPlan = rendered.launch
         self._function = function
         self._sm_count = sm_count
+        self._device_id = device_id
+        # The bulk-copy kernel hands out its tiles through a per-stream counter (workspace).
+        self.schedules_dynamically = rendered.config.cache == "bulk"
         self._block = (self.plan.threads, 1, 1)
         self._smem = self.plan.smem_bytes
         self._np = np
@@ -191,6 +204,7 @@ class CompiledKernel:
         eps: float,
         stream_ptr: int | None = None,
         grid: int | None = None,
+        work_ptr: int | None = None,
     ) -> None:
         """Launch on raw device pointers (0 for an absent weight or bias).
 
@@ -204,16 +218,30 @@ class CompiledKernel:
             stream_ptr: CUDA stream handle; None uses CuPy's current stream.
             grid: override the number of blocks (verification uses a small grid to exercise
                 the grid-stride loop); must be a multiple of the cluster size.
+            work_ptr: the bulk-copy kernel's tile counter (zeroed, not shared with a launch that
+                may overlap this one; 0 takes the static schedule); None takes the stream's own
+                (:func:`autonorm.workspace.counter_for`). Other kernels ignore it.
 
         """
         if rows <= 0:
             return
         if grid is None:
             grid = self.plan.grid(rows, self._sm_count, self.resident_clusters)
+        if work_ptr is None:
+            work_ptr = 0
+            if self.schedules_dynamically:
+                from autonorm.workspace import counter_for
+
+                if stream_ptr is None:
+                    import cupy
+
+                    work_ptr = counter_for(self._device_id, cupy.cuda.get_current_stream().ptr)
+                else:
+                    work_ptr = counter_for(self._device_id, stream_ptr)
         if self._driver is not None and stream_ptr is not None:
             code = self._driver(
                 grid, self._block[0], self._smem, stream_ptr, x_ptr, w_ptr, b_ptr, y_ptr, rows,
-                eps,
+                eps, work_ptr,
             )
             if code == 0:
                 return
@@ -239,6 +267,7 @@ class CompiledKernel:
             np.uint64(y_ptr),
             np.int32(rows),
             np.float32(eps),
+            np.uint64(work_ptr),
         )
         try:
             self._function((grid, 1, 1), self._block, args, self._smem, stream)
@@ -303,7 +332,10 @@ def compile_kernel(rendered: RenderedKernel, device_id: int | None = None) -> Co
         raw = module.get_function(rendered.name)
         if rendered.launch.smem_bytes > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
-        return CompiledKernel(rendered, raw.kernel, info.sm_count, raw.attributes)
+        return CompiledKernel(
+            rendered, raw.kernel, info.sm_count, raw.attributes,
+            device_id=cupy.cuda.runtime.getDevice(),
+        )
 
 
 def _warm_one(source: str, options: tuple[str, ...], name: str) -> str | None:

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from autonorm import bench, codegen, compiler
+from autonorm import bench, codegen, compiler, workspace
 from autonorm.errors import CompileError, LaunchError
 from autonorm.reference import from_float64
 from autonorm.results import Outcome, Timing
@@ -45,6 +45,9 @@ class GpuEvaluator:
         self.pool = pool
         self.samples = samples
         self.copy_gbps = bench.copy_bandwidth_gbps(device_id)
+        # One tile counter for every launch here, graph-captured ones too (the bulk kernel's
+        # dynamic schedule, as dispatch runs it): these launches never overlap.
+        self._work = workspace.new_counter(device_id)
         self._kernels: dict[KernelConfig, Any] = {}
         self._rendered: dict[KernelConfig, codegen.RenderedKernel] = {}
         self.nbytes = bench.bytes_moved(
@@ -100,9 +103,10 @@ class GpuEvaluator:
         xs = [x.data.ptr for x in self._xs]
         ys = [y.data.ptr for y in self._ys]
         rows = self.rows
+        work = self._work.data.ptr
 
         def launch(i: int, stream_ptr: int) -> None:
-            kernel.launch(xs[i], wp, bp, ys[i], rows, 1e-5, stream_ptr)
+            kernel.launch(xs[i], wp, bp, ys[i], rows, 1e-5, stream_ptr, work_ptr=work)
 
         return launch
 

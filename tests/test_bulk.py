@@ -175,10 +175,14 @@ def test_smem_bytes_of_bulk():
         expected = cfg.stages * rows * segment * problem.itemsize
         expected += bulk_scratch_bytes(cfg.stages, rows, cfg.cluster)
         assert smem_bytes(cfg, problem) == expected, cfg.label()
-    # mbarriers, reduction scratch [2][32] floats and the cluster slots [2][rows][4] floats
-    assert bulk_scratch_bytes(3, 2) == 3 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4
+    # mbarriers, reduction scratch [2][32] floats, the cluster slots [2][rows][4] floats, the
+    # claim ring (Q = max(2 x stages, 4) mbarriers and ints) and the stages' tiles (ints)
+    ring = 6 * (8 + 4) + 3 * 4
+    assert bulk_scratch_bytes(3, 2) == 3 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 + ring
     # a cluster: two exchange mbarriers, and a slot per block of the cluster [2][rows][C][4]
-    assert bulk_scratch_bytes(3, 2, 4) == 3 * 8 + 2 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 * 4
+    assert bulk_scratch_bytes(3, 2, 4) == 3 * 8 + 2 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 * 4 + ring
+    # one stage still gets a ring of four (its claim may be pushed before the last is taken)
+    assert bulk_scratch_bytes(1, 1) == 8 + 2 * 32 * 4 + 2 * 4 * 4 + 4 * (8 + 4) + 4
 
 
 # --------------------------------------------------------------------------- occupancy
@@ -332,7 +336,12 @@ def test_render_bulk(cfg, problem):
     assert ("float fx[ITERS][V];" in src) == ftile
     assert ("Vec wr[ITERS];" in src) == (wreg and not ftile and problem.has_weight)
     assert ("Vec br[ITERS];" in src) == (wreg and not ftile and problem.has_bias)
-    assert src.count("if (t2 < tiles) fetch_tile(") == 1  # one refill per tile, either way
+    assert src.count("if (t2 < tiles) {") == 1  # one refill per tile, either way
+    # the tile schedule: a counter in the kernel's last parameter, claimed ahead, zeroed at exit
+    assert "unsigned int* __restrict__ work)" in src
+    assert src.count("atomicAdd(work, 1u)") == 2  # the first claim and one per tile
+    assert "atomicExch(work, 0u)" in src and "atomicExch(work + 1, 0u)" in src
+    assert ("push_tile(" in src) == (cfg.cluster > 1)
     assert f"constexpr int S = {cfg.stages};" in src
     assert a.launch.blocks_per_sm == blocks and a.launch.resident
     assert "{{" not in src and "{%" not in src and src.count("{") == src.count("}")

@@ -1,0 +1,201 @@
+"""Lab only: where a wide-row kernel's time goes, from %globaltimer stamps inside the kernel.
+
+The bulk winners at 32768-65536 run 84-89% of a same-bytes copy (NOTES 53); the fwd winner at
+bf16 16384 92.8%. Three places could hold the missing 10%: the start (every block waits for its
+first tile before anything is written), the steady state (a block waits on its next tile's
+mbarrier: too few bytes in flight), the end (the rows do not divide by the blocks: 2048 rows over
+132 blocks is 15.5 rounds, so half the SMs idle through the last one). Thread 0 of every block
+stamps its entry, its SM, every tile's wait (before and after the mbarrier) and its exit into a
+__device__ array; the product's rendered source gets the stamps by text insertion. Each kernel is
+launched alone after a read of 4x the L2, 7 times; the run of median duration is analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import cupy
+import numpy as np
+
+from autonorm import codegen, compiler
+from autonorm.device import query_device
+from autonorm.space import KernelConfig, Problem
+
+W = 2 + 2 * 64 + 2  # entry, exit, (before, after) wait for 64 tiles, smid, tiles
+MAX_BLOCKS = 4096
+PLAN = [
+    ("bfloat16", 32768, "t512v8r1-bulk-two_pass-c1-p0-s2"),
+    ("float16", 32768, "t512v8r1-bulk-two_pass-c1-p0-s3"),
+    ("bfloat16", 65536, "t512v8r1-bulk-two_pass-c2-p0-s2"),
+    ("float32", 65536, "t512v4r1-bulk-two_pass-c4-p0-s2"),
+    ("float32", 32768, "t512v4r1-bulk-two_pass-c2-p0-s2"),
+    ("bfloat16", 16384, "t256v8r1-smem-two_pass-c1-p0-m64"),
+]
+
+PRELUDE = f"""
+__device__ unsigned long long an_tl[{MAX_BLOCKS * W}];
+__device__ __forceinline__ unsigned long long an_now() {{
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}}
+"""
+ENTRY = f"""
+  if (threadIdx.x == 0) {{
+    unsigned an_sm; asm volatile("mov.u32 %0, %%smid;" : "=r"(an_sm));
+    an_tl[blockIdx.x * {W} + 0] = an_now();
+    an_tl[blockIdx.x * {W} + {W - 2}] = an_sm;
+  }}
+"""
+WAIT = "    mbar_wait(&bars[s], (unsigned)((k / S) & 1));\n"
+
+
+def instrument(source: str) -> str:
+    """Insert the stamps into a rendered kernel (bulk: per tile; every kernel: entry, exit)."""
+    head, sep, rest = source.partition('extern "C" __global__')
+    assert sep, "no kernel"
+    src = head + PRELUDE + sep + rest
+    marker = "  using namespace "
+    i = src.index(marker)
+    j = src.index("\n", i) + 1
+    src = src[:j] + ENTRY + src[j:]
+    if WAIT in src:
+        stamped = (
+            f"    if (tid == 0 && k < 64) an_tl[blockIdx.x * {W} + 2 + 2 * k] = an_now();\n"
+            + WAIT
+            + f"    if (tid == 0 && k < 64) {{ an_tl[blockIdx.x * {W} + 3 + 2 * k] = an_now();"
+            f" an_tl[blockIdx.x * {W} + {W - 1}] = k + 1; }}\n"
+        )
+        src = src.replace(WAIT, stamped)
+    end = src.rstrip().rfind("}")
+    exit_stamp = f"  if (threadIdx.x == 0) an_tl[blockIdx.x * {W} + 1] = an_now();\n"
+    return src[:end] + exit_stamp + src[end:]
+
+
+def run(dtype: str, hidden: int, label: str, flush, runs: int, tree: str = "") -> dict:
+    info = query_device()
+    problem = Problem(hidden, dtype, True, True)
+    config = KernelConfig.from_label(label)
+    if tree == "dyn":
+        from dyn_lab import render_dyn
+
+        rendered = render_dyn(config, problem, info.limits())
+    else:
+        rendered = codegen.render(config, problem, info.limits())
+    rows = (1 << 26) // hidden
+    np_dtype = {"bfloat16": None, "float16": cupy.float16, "float32": cupy.float32}[dtype]
+    rng = cupy.random.default_rng(1)
+    if np_dtype is None:  # bf16 as its bits: the top half of an fp32
+        f = rng.standard_normal((rows, hidden), dtype=cupy.float32)
+        x = (f.view(cupy.uint32) >> 16).astype(cupy.uint16)
+        w = cupy.full(hidden, 0x3F80, cupy.uint16)
+        b = cupy.zeros(hidden, cupy.uint16)
+    else:
+        x = rng.standard_normal((rows, hidden), dtype=cupy.float32).astype(np_dtype)
+        w = cupy.ones(hidden, np_dtype)
+        b = cupy.zeros(hidden, np_dtype)
+    y = cupy.empty_like(x)
+    out = {"dtype": dtype, "hidden": hidden, "label": label, "rows": rows, "tree": tree}
+    for variant in ("plain", "stamped"):
+        r = rendered if variant == "plain" else dataclasses.replace(
+            rendered, source=instrument(rendered.source))
+        k = compiler.compile_kernel(r)
+        grid = k.grid(rows)
+        out[f"{variant}_grid"] = grid
+        out[f"{variant}_regs"] = k.attributes.get("num_regs")
+        times = []
+        stamps = []
+        for _ in range(runs):
+            flush()
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record()
+            k.launch_arrays(x, w, b, y, rows, 1e-5)
+            e.record()
+            e.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+            if variant == "stamped":
+                key = (r.source_hash, info.arch, compiler.cuda_version())
+                mod = compiler._MODULES[key]  # noqa: SLF001
+                g = mod.get_global("an_tl")
+                arr = cupy.ndarray((MAX_BLOCKS * W,), cupy.uint64, g)
+                stamps.append(arr[: grid * W].reshape(grid, W).get())
+                arr[:] = 0
+        out[f"{variant}_us"] = times
+        if variant == "stamped":
+            pick = sorted(range(runs), key=lambda i: times[i])[runs // 2]
+            out.update(analyse(stamps[pick], x.nbytes, grid, config))
+    return out
+
+
+def analyse(st: np.ndarray, xbytes: int, grid: int, config: KernelConfig) -> dict:
+    t0 = int(st[:, 0].min())
+    us = lambda v: (v.astype(np.int64) - t0) / 1e3  # noqa: E731
+    entry, exit_ = us(st[:, 0]), us(st[:, 1])
+    res = {"span_us": float(exit_.max()),
+           "entry_us": [float(np.median(entry)), float(entry.max())],
+           "exit_us": [float(exit_.min()), float(np.median(exit_)), float(np.percentile(exit_, 90)),
+                       float(exit_.max())]}
+    ntiles = st[:, W - 1].astype(int)
+    if ntiles.max() > 0:
+        first = us(st[:, 3])
+        waits, works, arrivals = [], [], []
+        for blk in range(grid):
+            n = min(int(ntiles[blk]), 64)
+            before = us(st[blk, 2:2 + 2 * n:2])
+            after = us(st[blk, 3:3 + 2 * n:2])
+            arrivals += list(after)
+            waits += list(after[1:] - before[1:])
+            works += list(before[1:] - after[:-1])
+        tile_bytes = xbytes / sum(int(t) for t in ntiles)
+        hist = np.histogram(arrivals, bins=np.arange(0, res["span_us"] + 2, 2.0))[0]
+        res.update({
+            "tiles_per_block": [int(ntiles.min()), int(ntiles.max())],
+            "first_arrival_us": [float(np.median(first)), float(first.max())],
+            "steady_wait_us": [float(np.median(waits)), float(np.percentile(waits, 90))],
+            "steady_work_us": [float(np.median(works)), float(np.percentile(works, 90))],
+            "wait_share": float(sum(waits) / (sum(waits) + sum(works))),
+            "arrived_gbps_per_2us": [float(h * tile_bytes / 2e-6 / 1e9) for h in hist],
+        })
+    # Blocks still running in each 2 us bin.
+    edges = np.arange(0, res["span_us"] + 2, 2.0)
+    res["running_per_2us"] = [int(((entry <= a) & (exit_ > a)).sum()) for a in edges]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--tree", default="", help="'dyn' renders the bulk kernels from templates_dyn")
+    ap.add_argument("--only", default="", help="comma-separated hidden sizes to run")
+    args = ap.parse_args()
+    info = query_device()
+    buf = cupy.ones(4 * info.l2_bytes // 4, cupy.float32)
+    records = []
+    only = {int(h) for h in args.only.split(",") if h}
+    for dtype, hidden, label in PLAN:
+        if (only and hidden not in only) or (args.tree and "bulk" not in label):
+            continue
+        rec = run(dtype, hidden, label, lambda: buf.sum(), args.runs, args.tree)
+        records.append(rec)
+        print(f"\n{args.tree or 'prod'} {dtype} {hidden} {label} grid {rec['plain_grid']} regs {rec['plain_regs']}/"
+              f"{rec['stamped_regs']}: plain {statistics.median(rec['plain_us']):.1f} us, stamped "
+              f"{statistics.median(rec['stamped_us']):.1f} us, span {rec['span_us']:.1f}")
+        for key in ("entry_us", "exit_us", "tiles_per_block", "first_arrival_us",
+                    "steady_wait_us", "steady_work_us", "wait_share"):
+            if key in rec:
+                v = rec[key]
+                print(f"  {key:18s} " + (" ".join(f"{a:.2f}" for a in v) if isinstance(v, list)
+                                         else f"{v:.3f}"))
+        if "arrived_gbps_per_2us" in rec:
+            print("  x arrival GB/s per 2 us: "
+                  + " ".join(f"{g:.0f}" for g in rec["arrived_gbps_per_2us"]))
+        print("  blocks running per 2 us: " + " ".join(str(n) for n in rec["running_per_2us"]))
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        json.dump(records, open(Path(args.out) / f"timeline_lab{args.tree}.json", "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

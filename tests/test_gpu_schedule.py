@@ -1,0 +1,147 @@
+"""GPU: the bulk-copy kernel's dynamic tile schedule (a per-stream counter in global memory).
+
+Each row's arithmetic does not depend on which block runs it, so the dynamic and the static
+schedule must write the same bits; the counter must be zero again after every launch; a counter
+left dirty must show (this is what makes the equality checks able to fail); a stream capturing
+a CUDA graph gets no counter; two streams running at once get one each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autonorm.space import KernelConfig, Problem
+
+pytestmark = pytest.mark.gpu
+
+# (config, hidden, dtype): many more tiles than clusters, so most tiles are claimed dynamically.
+CASES = [
+    (KernelConfig(512, 8, 1, "bulk", "two_pass", 1, 0, 2), 16384, "bfloat16"),
+    (KernelConfig(256, 8, 2, "bulk", "two_pass", 1, 0, 3), 4096, "float16"),
+    (KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2), 65536, "bfloat16"),
+    (KernelConfig(512, 4, 1, "bulk", "two_pass", 4, 0, 2), 32768, "float32"),
+    (KernelConfig(256, 8, 1, "bulk", "two_pass", 2, 0, 1), 8192, "bfloat16"),
+]
+
+
+def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int = 9):  # noqa: ANN202
+    import cupy
+
+    from autonorm import codegen, compiler
+
+    problem = Problem(hidden, dtype)
+    kernel = compiler.compile_kernel(codegen.render(config, problem))
+    clusters = kernel.grid(1 << 30) // config.cluster
+    rows = clusters * config.rows_per_block * rows_per_cluster + 3  # a ragged last round
+    rng = cupy.random.default_rng(7)
+    cdtype = {"float32": cupy.float32, "float16": cupy.float16, "bfloat16": cupy.uint16}[dtype]
+    if dtype == "bfloat16":  # bf16 as the top half of an fp32's bits
+        f = rng.standard_normal((rows, hidden), dtype=cupy.float32) * 3 + 1
+        x = (f.view(cupy.uint32) >> 16).astype(cupy.uint16)
+        w = ((1 + 0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).view(cupy.uint32)
+             >> 16).astype(cupy.uint16)
+        b = ((0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).view(cupy.uint32)
+             >> 16).astype(cupy.uint16)
+    else:
+        x = (rng.standard_normal((rows, hidden), dtype=cupy.float32) * 3 + 1).astype(cdtype)
+        w = (1 + 0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).astype(cdtype)
+        b = (0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).astype(cdtype)
+    return kernel, x, w, b, rows
+
+
+def _run(kernel, x, w, b, rows: int, work_ptr: int):  # noqa: ANN001, ANN202
+    import cupy
+
+    y = cupy.full(x.shape, 0x7FC1 if x.dtype == cupy.uint16 else float("nan"), dtype=x.dtype)
+    stream = cupy.cuda.get_current_stream()
+    kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr,
+                  work_ptr=work_ptr)
+    stream.synchronize()
+    return y
+
+
+def _same_bits(a, b) -> bool:  # noqa: ANN001
+    import cupy
+
+    view = cupy.uint16 if a.dtype.itemsize == 2 else cupy.uint32
+    return bool((a.view(view) == b.view(view)).all())
+
+
+@pytest.mark.parametrize(("config", "hidden", "dtype"), CASES, ids=lambda v: str(v))
+def test_dynamic_schedule_matches_static_and_resets(config, hidden, dtype) -> None:  # noqa: ANN001
+    from autonorm import workspace
+
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    counter = workspace.new_counter(0)
+    for _ in range(3):  # each launch leaves the counter zero for the next one
+        dynamic = _run(kernel, x, w, b, rows, work_ptr=counter.data.ptr)
+        assert counter.tolist() == [0, 0]
+        assert _same_bits(dynamic, static), config.label()
+
+
+@pytest.mark.parametrize(("config", "hidden", "dtype"), CASES[:3], ids=lambda v: str(v))
+def test_a_dirty_counter_skips_tiles(config, hidden, dtype) -> None:  # noqa: ANN001
+    from autonorm import workspace
+
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    counter = workspace.new_counter(0)
+    counter[0] = 5  # as if an earlier launch had died mid-way: five tiles are never claimed
+    dirty = _run(kernel, x, w, b, rows, work_ptr=counter.data.ptr)
+    assert not _same_bits(dirty, static)
+    assert counter.tolist() == [0, 0]  # and the launch still cleans up after itself
+    assert _same_bits(_run(kernel, x, w, b, rows, work_ptr=counter.data.ptr), static)
+
+
+def test_capturing_stream_gets_no_counter_and_the_graph_is_right() -> None:
+    import cupy
+
+    from autonorm import workspace
+
+    config, hidden, dtype = CASES[0]
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    assert workspace.counter_for(0, stream.ptr) != 0
+    y = cupy.zeros_like(x)
+    with stream:
+        stream.begin_capture()
+        assert workspace.counter_for(0, stream.ptr) == 0
+        kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr)
+        graph = stream.end_capture()
+    graph.launch(stream)
+    graph.launch(stream)
+    stream.synchronize()
+    assert _same_bits(y, static)
+
+
+def test_concurrent_streams_each_get_their_own_counter() -> None:
+    import cupy
+
+    from autonorm import workspace
+
+    config, hidden, dtype = CASES[2]
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(3)]
+    ptrs = {workspace.counter_for(0, s.ptr) for s in streams}
+    assert len(ptrs) == 3 and 0 not in ptrs
+    ys = [cupy.zeros_like(x) for _ in streams]
+    cupy.cuda.Device().synchronize()
+    for _ in range(4):  # launches on the three streams overlap
+        for s, y in zip(streams, ys, strict=True):
+            kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, s.ptr)
+    cupy.cuda.Device().synchronize()
+    for y in ys:
+        assert _same_bits(y, static)
+
+
+def test_dispatch_runs_the_dynamic_schedule_verified() -> None:
+    from autonorm.verify import verify
+
+    config, hidden, dtype = CASES[2]
+    kernel, *_ = _setup(config, hidden, dtype)
+    assert kernel.schedules_dynamically
+    result = verify(kernel, Problem(hidden, dtype))
+    assert result.ok, result.summary()
