@@ -1,0 +1,91 @@
+"""CPU: which tile counter a launch gets (autonorm.workspace), with the driver's answer faked.
+
+The GPU side (the kernel's use of the counter, real capture, real streams) is in
+tests/test_gpu_schedule.py; here only the bookkeeping: a capturing stream, an unknown capture
+state and a missing driver get no counter (the static schedule), every stream gets its own, and
+the per-thread default stream gets one per thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from autonorm import compiler, workspace
+
+
+class FakeDriver:
+    """cuStreamIsCapturing that answers (code, status) per stream handle."""
+
+    def __init__(self, answers: dict[int, tuple[int, int]] | None = None) -> None:
+        self.answers = answers or {}
+
+    def cuStreamIsCapturing(self, stream, status_ref) -> int:  # noqa: ANN001, N802 - driver name
+        code, status = self.answers.get(stream.value or 0, (0, 0))
+        ctypes.cast(status_ref, ctypes.POINTER(ctypes.c_int))[0] = status
+        return code
+
+
+@pytest.fixture
+def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Fake counters: each allocation gets a distinct pointer, and is recorded."""
+    made: list[int] = []
+
+    def new_counter(device_id: int) -> SimpleNamespace:
+        made.append(device_id)
+        return SimpleNamespace(data=SimpleNamespace(ptr=0x1000 * len(made)))
+
+    monkeypatch.setattr(workspace, "new_counter", new_counter)
+    monkeypatch.setattr(workspace, "_COUNTERS", {})
+    return made
+
+
+def use_driver(monkeypatch: pytest.MonkeyPatch, driver: object) -> None:
+    monkeypatch.setattr(compiler, "driver_library", lambda: driver)
+
+
+def test_no_driver_means_no_counter(monkeypatch: pytest.MonkeyPatch, allocations) -> None:  # noqa: ANN001
+    use_driver(monkeypatch, None)
+    assert workspace.stream_is_capturing(0x55)
+    assert workspace.counter_for(0, 0x55) == 0
+    assert allocations == []
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, 1), (0, 2), (900, 0)])
+def test_capturing_or_unknown_means_no_counter(monkeypatch, allocations, code, status) -> None:  # noqa: ANN001
+    use_driver(monkeypatch, FakeDriver({0x55: (code, status)}))
+    assert workspace.counter_for(0, 0x55) == 0
+    assert allocations == []
+
+
+def test_each_stream_and_device_gets_one_counter(monkeypatch, allocations) -> None:  # noqa: ANN001
+    use_driver(monkeypatch, FakeDriver())
+    a = workspace.counter_for(0, 0x55)
+    assert a != 0 and workspace.counter_for(0, 0x55) == a  # cached, not allocated again
+    b = workspace.counter_for(0, 0x66)
+    c = workspace.counter_for(1, 0x55)
+    assert len({a, b, c}) == 3
+    assert allocations == [0, 0, 1]
+
+
+def test_per_thread_default_stream_gets_one_counter_per_thread(monkeypatch, allocations) -> None:  # noqa: ANN001
+    use_driver(monkeypatch, FakeDriver())
+    got: list[int] = []
+    alive = threading.Barrier(3)  # all three threads live at once: their idents differ
+
+    def ask() -> None:
+        got.append(workspace.counter_for(0, 2))
+        alive.wait(timeout=10)
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 3 and 0 not in got
+    # The legacy default stream (0) is one stream for every thread.
+    assert len({workspace.counter_for(0, 0) for _ in range(3)}) == 1
+    assert len(allocations) == 4
