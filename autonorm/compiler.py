@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autonorm import workspace
 from autonorm.codegen import LaunchPlan, RenderedKernel
 from autonorm.errors import CompileError, LaunchError
 
@@ -230,14 +231,13 @@ class CompiledKernel:
         if work_ptr is None:
             work_ptr = 0
             if self.schedules_dynamically:
-                from autonorm.workspace import counter_for
-
                 if stream_ptr is None:
                     import cupy
 
-                    work_ptr = counter_for(self._device_id, cupy.cuda.get_current_stream().ptr)
+                    counter_stream = cupy.cuda.get_current_stream().ptr
                 else:
-                    work_ptr = counter_for(self._device_id, stream_ptr)
+                    counter_stream = stream_ptr
+                work_ptr = workspace.counter_for(self._device_id, counter_stream)
         if self._driver is not None and stream_ptr is not None:
             code = self._driver(
                 grid, self._block[0], self._smem, stream_ptr, x_ptr, w_ptr, b_ptr, y_ptr, rows,

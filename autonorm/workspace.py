@@ -22,7 +22,7 @@ _LOCK = threading.Lock()
 
 def stream_is_capturing(stream_ptr: int) -> bool:
     """Whether ``stream_ptr`` is capturing a CUDA graph (True where the driver cannot tell)."""
-    from autonorm.compiler import driver_library
+    from autonorm.compiler import driver_library  # compiler imports this module
 
     lib = driver_library()
     if lib is None:

@@ -26,26 +26,20 @@ CASES = [
 
 def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int = 9):  # noqa: ANN202
     import cupy
+    import numpy as np
 
     from autonorm import codegen, compiler
+    from autonorm.reference import from_float64
 
     problem = Problem(hidden, dtype)
     kernel = compiler.compile_kernel(codegen.render(config, problem))
     clusters = kernel.grid(1 << 30) // config.cluster
     rows = clusters * config.rows_per_block * rows_per_cluster + 3  # a ragged last round
-    rng = cupy.random.default_rng(7)
-    cdtype = {"float32": cupy.float32, "float16": cupy.float16, "bfloat16": cupy.uint16}[dtype]
-    if dtype == "bfloat16":  # bf16 as the top half of an fp32's bits
-        f = rng.standard_normal((rows, hidden), dtype=cupy.float32) * 3 + 1
-        x = (f.view(cupy.uint32) >> 16).astype(cupy.uint16)
-        w = ((1 + 0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).view(cupy.uint32)
-             >> 16).astype(cupy.uint16)
-        b = ((0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).view(cupy.uint32)
-             >> 16).astype(cupy.uint16)
-    else:
-        x = (rng.standard_normal((rows, hidden), dtype=cupy.float32) * 3 + 1).astype(cdtype)
-        w = (1 + 0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).astype(cdtype)
-        b = (0.1 * rng.standard_normal(hidden, dtype=cupy.float32)).astype(cdtype)
+    # Data made as the evaluator makes it: float64, rounded to the storage dtype.
+    rng = np.random.default_rng(7)
+    x = cupy.asarray(from_float64(rng.standard_normal((rows, hidden)) * 3 + 1, dtype))
+    w = cupy.asarray(from_float64(1 + 0.1 * rng.standard_normal(hidden), dtype))
+    b = cupy.asarray(from_float64(0.1 * rng.standard_normal(hidden), dtype))
     return kernel, x, w, b, rows
 
 
