@@ -98,12 +98,12 @@ def bulk_scratch_bytes(stages: int, rows_per_block: int, cluster: int = 1) -> in
     """Shared memory of the bulk-copy kernel besides its stages.
 
     That is the stages' mbarriers (a cluster: two more for the exchange), the reduction scratch
-    ([2][32] floats), the cluster exchange slots ([2][rows][cluster][4] floats), the ring of
+    ([2][32][2] floats), the cluster exchange slots ([2][rows][cluster][4] floats), the ring of
     claimed tiles (Q = max(2 x stages, 4) mbarriers and ints) and each stage's tile (ints).
     """
     exchange = 2 * 8 if cluster > 1 else 0
     ring = max(2 * stages, 4)
-    return (stages * 8 + exchange + 2 * 32 * 4 + 2 * rows_per_block * max(cluster, 1) * 4 * 4
+    return (stages * 8 + exchange + 2 * 32 * 2 * 4 + 2 * rows_per_block * max(cluster, 1) * 4 * 4
             + ring * (8 + 4) + stages * 4)
 
 

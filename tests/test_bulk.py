@@ -175,14 +175,14 @@ def test_smem_bytes_of_bulk():
         expected = cfg.stages * rows * segment * problem.itemsize
         expected += bulk_scratch_bytes(cfg.stages, rows, cfg.cluster)
         assert smem_bytes(cfg, problem) == expected, cfg.label()
-    # mbarriers, reduction scratch [2][32] floats, the cluster slots [2][rows][4] floats, the
+    # mbarriers, reduction scratch [2][32][2] floats, the cluster slots [2][rows][4] floats, the
     # claim ring (Q = max(2 x stages, 4) mbarriers and ints) and the stages' tiles (ints)
     ring = 6 * (8 + 4) + 3 * 4
-    assert bulk_scratch_bytes(3, 2) == 3 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 + ring
+    assert bulk_scratch_bytes(3, 2) == 3 * 8 + 2 * 32 * 2 * 4 + 2 * 2 * 4 * 4 + ring
     # a cluster: two exchange mbarriers, and a slot per block of the cluster [2][rows][C][4]
-    assert bulk_scratch_bytes(3, 2, 4) == 3 * 8 + 2 * 8 + 2 * 32 * 4 + 2 * 2 * 4 * 4 * 4 + ring
+    assert bulk_scratch_bytes(3, 2, 4) == 3 * 8 + 2 * 8 + 2 * 32 * 2 * 4 + 2 * 2 * 4 * 4 * 4 + ring
     # one stage still gets a ring of four (its claim may be pushed before the last is taken)
-    assert bulk_scratch_bytes(1, 1) == 8 + 2 * 32 * 4 + 2 * 4 * 4 + 4 * (8 + 4) + 4
+    assert bulk_scratch_bytes(1, 1) == 8 + 2 * 32 * 2 * 4 + 2 * 4 * 4 + 4 * (8 + 4) + 4
 
 
 # --------------------------------------------------------------------------- occupancy
@@ -341,7 +341,19 @@ def test_render_bulk(cfg, problem):
     assert "unsigned int* __restrict__ work)" in src
     assert src.count("atomicAdd(work, 1u)") == 2  # the first claim and one per tile
     assert "atomicExch(work, 0u)" in src and "atomicExch(work + 1, 0u)" in src
-    assert ("push_tile(" in src) == (cfg.cluster > 1)
+    assert ("push_to(&sched[" in src) == (cfg.cluster > 1)
+    # One block barrier fewer a tile: a tile held in registers is refilled after the first row
+    # sum's barrier, a tile read from shared memory until the last pass (two stages or more) in
+    # the next iteration after it; rows of one warp have no barrier in their sums and keep one.
+    rows_of_warps = derive_shape(cfg, problem).threads_per_row > 32
+    deferred = not ftile and cfg.stages >= 2 and rows_of_warps and cfg.cluster == 1
+    assert ("row_sum's barrier: every thread holds its part of the tile" in src) == (
+        ftile and rows_of_warps)
+    assert ("prev_tile" in src) == deferred
+    assert ("__syncthreads();  // every thread is done with stage s" in src) == (
+        not ftile and not deferred)
+    # fp32 reduces its pass-2 sums (M2 and the mean's correction) through one barrier
+    assert ("row_sum2(s2, s3, red, buf, warp, group);" in src) == (problem.itemsize == 4)
     assert f"constexpr int S = {cfg.stages};" in src
     assert a.launch.blocks_per_sm == blocks and a.launch.resident
     assert "{{" not in src and "{%" not in src and src.count("{") == src.count("}")
@@ -361,7 +373,7 @@ def test_fp32_tile_only_for_short_16bit_tiles():
     src = render(t1024, bf16).source
     assert src.split("float fx[ITERS][V];")[1].count("elem(xv, q)") == 1  # converted once
     # the stage is refilled once per tile, right after the tile left it
-    assert src.count("fetch_tile(stages + (size_t)s * R * SEG, x, t2 * R") == 1
+    assert src.count("fetch_tile(stages + (size_t)(s) * R * SEG, x, t2 * R") == 1
     assert "every thread holds its part of the tile: refill stage s" in src
 
 
