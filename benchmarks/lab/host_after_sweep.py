@@ -37,7 +37,44 @@ def loop_us(fn, calls: int = 200, reps: int = 15) -> float:
     return statistics.median(out) * 1e6
 
 
+def enqueue_us(fn, calls: int = 200, reps: int = 15) -> float:
+    """Host time per call without waiting for the GPU (the queue is far from full at 200)."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls)
+    torch.cuda.synchronize()
+    return statistics.median(out) * 1e6
+
+
+def breakdown(tag: str) -> None:
+    """Where a call's time goes at rows 8: enqueue of the whole call, torch.empty_like, and the
+    cached kernel's raw launch (ctypes cuLaunchKernel)."""
+    from autonorm import torch as at
+
+    x = torch.randn(8, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    autonorm.layer_norm(x, w, b, 1e-5)
+    kernel = next(k for key, k in at._KERNELS.items() if key[2] == HIDDEN and key[5] == 8)
+    sp = torch.cuda.current_stream().cuda_stream
+    raw = (lambda: kernel.launch(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), 8,
+                                 1e-5, sp))
+    print(f"{tag:34s} r8 enqueue: call {enqueue_us(lambda: autonorm.layer_norm(x, w, b, 1e-5)):5.1f}"
+          f"  empty_like {enqueue_us(lambda: torch.empty_like(x)):5.1f}"
+          f"  raw launch {enqueue_us(raw):5.1f}  raw loop {loop_us(raw):5.1f}"
+          f"  eager enqueue {enqueue_us(lambda: torch.nn.functional.layer_norm(x, (HIDDEN,), w, b)):5.1f}",
+          flush=True)
+
+
 def report(tag: str) -> None:
+    breakdown(tag)
     w = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
     parts = []
