@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autonorm import workspace
 from autonorm.codegen import (
     LaunchPlan,
     RenderedKernel,
@@ -205,6 +206,8 @@ def render_export(
     # Thread-block clusters and the bulk-copy engine (cp.async.bulk, mbarrier transactions)
     # exist from compute capability 9.0 on.
     min_cc = 90 if plan.cluster > 1 or plan.resident else None
+    # The bulk-copy kernel's tile counter (autonorm.workspace); other kernels take none.
+    workspace_bytes = workspace.COUNTER_BYTES if config.cache == "bulk" else 0
     context = {
         "basename": basename,
         "guard": f"{basename.upper()}_H_",
@@ -224,6 +227,7 @@ def render_export(
         "cluster": plan.cluster,
         "blocks_per_sm": plan.blocks_per_sm,
         "resident": plan.resident,
+        "workspace_bytes": workspace_bytes,
         "grid_rule": grid_rule,
         "smem_default_limit": _SMEM_DEFAULT_LIMIT,
         "diag_suppress": _DIAG_SUPPRESS,
@@ -236,6 +240,8 @@ def render_export(
         "autonorm_version": code_version(),
         "basename": basename,
         "function": f"{basename}_forward",
+        "function_with_workspace": f"{basename}_forward_ws",
+        "workspace_bytes": workspace_bytes,
         "files": {"source": f"{basename}.cu", "header": f"{basename}.h"},
         "problem": dataclasses.asdict(problem),
         "config": config.to_dict(),

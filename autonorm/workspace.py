@@ -15,6 +15,8 @@ import ctypes
 import threading
 from typing import Any
 
+# Bytes of one counter (two uint32); exported launchers state it as <NAME>_WORKSPACE_BYTES.
+COUNTER_BYTES = 8
 _COUNTERS: dict[tuple[int, int, int], Any] = {}
 _PER_THREAD = 2  # CU_STREAM_PER_THREAD
 _LOCK = threading.Lock()
@@ -60,6 +62,6 @@ def new_counter(device_id: int) -> Any:
     import cupy
 
     with cupy.cuda.Device(device_id):
-        counter = cupy.zeros(2, dtype=cupy.uint32)
+        counter = cupy.zeros(COUNTER_BYTES // 4, dtype=cupy.uint32)
         cupy.cuda.get_current_stream().synchronize()
     return counter

@@ -199,6 +199,29 @@ def test_launch_plan_features_appear_only_where_needed() -> None:
     assert "resident_clusters" not in plain + persistent + cluster + big
 
 
+@pytest.mark.parametrize(("config", "problem"), [(None, Problem(16384, "bfloat16")),
+                                                 (BULK, BULK_PROBLEM)])
+def test_the_workspace_launcher_passes_a_tile_counter_to_bulk_kernels_only(
+    config: KernelConfig | None, problem: Problem
+) -> None:
+    exported = render_export(config or default_config(problem), problem)
+    bulk = exported.kernel.config.cache == "bulk"
+    name, macro = default_basename(problem), default_basename(problem).upper()
+    assert f"#define {macro}_WORKSPACE_BYTES {8 if bulk else 0}\n" in exported.header
+    assert f"cudaError_t {name}_forward_ws(" in exported.header
+    assert "unsigned int* workspace, cudaStream_t stream);" in exported.header
+    source = exported.source
+    launch = source[source.index(f"{exported.kernel.name}<<<"):]
+    launch = launch[:launch.index(";")]
+    assert launch.endswith("workspace)" if bulk else "nullptr)"), launch
+    # The plain launcher is the workspace one without a workspace: one launch path.
+    assert source.count(f"{exported.kernel.name}<<<") == 1
+    assert f"return {name}_forward_ws(x, weight, bias, y, rows, eps, nullptr, stream);" in source
+    assert "reinterpret_cast<std::uintptr_t>(workspace) & 3u" in source
+    assert exported.manifest["workspace_bytes"] == (8 if bulk else 0)
+    assert exported.manifest["function_with_workspace"] == f"{name}_forward_ws"
+
+
 def _forward_body(source: str) -> str:
     return source[source.index('extern "C" cudaError_t'):]
 
@@ -538,6 +561,35 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
 
     assert not bool((y_in_process == 0xFFFF).any()), "in-process kernel left rows unwritten"
     assert bool(cupy.array_equal(y_exported, y_in_process)), "outputs differ"
+
+    # With a workspace (the bulk kernel's tile counter; other kernels ignore it): the same bits
+    # twice in a row, the kernel leaving the workspace zeroed after each launch.
+    bulk = config.cache == "bulk"
+    assert so.export_driver_workspace_bytes() == (8 if bulk else 0)
+    forward_ws = so.export_driver_forward_ws
+    forward_ws.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float] + [
+        ctypes.c_void_p] * 2
+    forward_ws.restype = ctypes.c_int
+    workspace = cupy.zeros(2, dtype=cupy.uint32)
+    for _ in range(2):
+        y_ws = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
+        assert forward_ws(x.data.ptr, w.data.ptr, b.data.ptr, y_ws.data.ptr, rows, eps,
+                          workspace.data.ptr, None) == 0
+        cupy.cuda.runtime.deviceSynchronize()
+        assert bool(cupy.array_equal(y_ws, y_in_process)), "outputs differ with a workspace"
+        assert workspace.get().tolist() == [0, 0]
+    # The kernel does read it: a workspace left with 5 tiles claimed skips five of the tiles
+    # handed out dynamically (where there are any beyond every cluster's first `stages`).
+    plan = kernel.launch
+    tiles = -(-rows // plan.rows_per_block)
+    if bulk and tiles > config.stages * (kernel.grid(rows) // plan.cluster) + 5:
+        workspace[0] = 5
+        y_ws = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
+        assert forward_ws(x.data.ptr, w.data.ptr, b.data.ptr, y_ws.data.ptr, rows, eps,
+                          workspace.data.ptr, None) == 0
+        cupy.cuda.runtime.deviceSynchronize()
+        assert bool((y_ws == 0xFFFF).all(axis=1).any()), "a dirty workspace skipped no tile"
+        assert workspace.get().tolist() == [0, 0]
 
     # Validation on a real device: a misaligned pointer and rows < 0 launch nothing.
     invalid = 1  # cudaErrorInvalidValue
