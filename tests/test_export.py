@@ -580,7 +580,7 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
         assert workspace.get().tolist() == [0, 0]
     # The kernel does read it: a workspace left with 5 tiles claimed skips five of the tiles
     # handed out dynamically (where there are any beyond every cluster's first `stages`).
-    plan = kernel.launch
+    plan = kernel.plan
     tiles = -(-rows // plan.rows_per_block)
     if bulk and tiles > config.stages * (kernel.grid(rows) // plan.cluster) + 5:
         workspace[0] = 5
