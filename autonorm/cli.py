@@ -293,6 +293,13 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
     )
     for path in paths:
         click.echo(str(path))
+    # What the files hold, for a person (stderr: stdout stays the list of paths for scripts).
+    manifest = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
+             f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the header)"
+             if manifest["workspace_bytes"] else "")
+    click.echo(f"{manifest['label']} ({manifest['source']}): {manifest['function']}(){extra}",
+               err=True)
 
 
 @main.command()

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -201,6 +202,28 @@ def test_export_default_config(runner, tmp_path):
     manifest = json.loads(next(out.glob("*.json")).read_text())
     assert manifest.get("source") == "default"
     assert "__global__" in next(out.glob("*.cu")).read_text()
+    # stdout is the three paths (for scripts); stderr says what they hold
+    assert sorted(Path(line).suffix for line in result.stdout.split()) == [".cu", ".h", ".json"]
+    assert f"{manifest['label']} (default): autonorm_ln_bf16_h4096_forward()" in result.stderr
+    assert "workspace" not in result.stderr  # not a bulk-copy kernel
+
+
+def test_export_of_a_bulk_winner_names_its_workspace_launcher(runner, tmp_path):
+    key = TuningKey(
+        device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
+        version=codegen.code_version(), dtype="bfloat16", hidden=65536, has_weight=True,
+        has_bias=True, rows_bucket=1024,
+    )
+    config = KernelConfig.from_label("t512v8r1-bulk-two_pass-c2-p0-s3")
+    with TuningDB(tmp_path / "user.db") as store:
+        store.set_winner(key, config.to_dict(), {"median_us": 73.5, "gbps": 3650.0,
+                                                 "share": 0.88})
+    out = tmp_path / "out"
+    result = runner.invoke(cli.main, ["export", "--hidden", "65536", "--dtype", "bf16",
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (f"{config.label()} (user): autonorm_ln_bf16_h65536_forward(); "
+            "autonorm_ln_bf16_h65536_forward_ws() takes a workspace of 8 bytes") in result.stderr
 
 
 def _study_log(quiet: bool) -> str:
