@@ -18,12 +18,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from lab_eval import RenderingEvaluator, lab_arguments, run_plan
+from lab_eval import run_tree_lab
 from tree_render import templates_from
 
-from autonorm import codegen, compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
+from autonorm import codegen
 
 TREE = Path(__file__).resolve().parent / "templates_dyn"
 PLAN: dict[tuple[str, int], list[tuple[str, str]]] = {
@@ -83,26 +81,7 @@ def render_dyn(config, problem, limits):  # noqa: ANN001, ANN201 - lab_eval.Rend
 
 
 def main() -> None:
-    ap = lab_arguments()
-    args = ap.parse_args()
-    if args.offline:
-        kernels = [render_dyn(KernelConfig.from_label(label), Problem(h, d), H200)
-                   for (d, h), entries in PLAN.items() for tree, label in entries if tree == "dyn"]
-        reports = compiler.compile_offline(kernels, "sm_90")
-        for k in kernels:
-            r = reports[k.name]
-            print(k.problem.dtype, k.problem.hidden, k.config.label(), r.registers,
-                  r.spill_stores, k.launch.smem_bytes)
-        return
-
-    def entries_for(shape, pool):  # noqa: ANN001, ANN202 - lab_eval.EntriesFor
-        (dtype, hidden), plan = shape
-        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
-        evs = {"prod": GpuEvaluator(problem, rows, pool=pool),
-               "dyn": RenderingEvaluator(render_dyn, problem, rows, pool=pool)}
-        return dtype, hidden, [(t, evs[t], KernelConfig.from_label(label)) for t, label in plan]
-
-    run_plan("dyn_lab", PLAN.items(), entries_for, args.rounds, args.out)
+    run_tree_lab("dyn_lab", PLAN, "dyn", render_dyn)
 
 
 if __name__ == "__main__":

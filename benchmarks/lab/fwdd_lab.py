@@ -17,12 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab_eval import RenderingEvaluator, lab_arguments, run_plan
+from lab_eval import run_tree_lab
 from tree_render import templates_from
 
-from autonorm import codegen, compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
+from autonorm import codegen
 
 TREE = Path(__file__).resolve().parent / "templates_fwdd"
 W256 = "t256v8r1-smem-two_pass-c1-p{}-m64"
@@ -47,26 +45,8 @@ def render_fwdd(config, problem, limits):  # noqa: ANN001, ANN201 - lab_eval.Ren
 
 
 def main() -> None:
-    args = lab_arguments().parse_args()
-    if args.offline:
-        kernels = [render_fwdd(KernelConfig.from_label(label), Problem(h, d), H200)
-                   for (d, h), entries in PLAN.items() for tree, label in entries if tree == "fwdd"]
-        reports = compiler.compile_offline(kernels, "sm_90")
-        for k in kernels:
-            r = reports[k.name]
-            dyn = "fd_ctr" in k.source
-            print(k.problem.dtype, k.problem.hidden, k.config.label(), r.registers,
-                  r.spill_stores, "dynamic" if dyn else "STATIC")
-        return
-
-    def entries_for(shape, pool):  # noqa: ANN001, ANN202 - lab_eval.EntriesFor
-        (dtype, hidden), plan = shape
-        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
-        evs = {"prod": GpuEvaluator(problem, rows, pool=pool),
-               "fwdd": RenderingEvaluator(render_fwdd, problem, rows, pool=pool)}
-        return dtype, hidden, [(t, evs[t], KernelConfig.from_label(label)) for t, label in plan]
-
-    run_plan("fwdd_lab", PLAN.items(), entries_for, args.rounds, args.out)
+    run_tree_lab("fwdd_lab", PLAN, "fwdd", render_fwdd,
+                 lambda k: "dynamic" if "fd_ctr" in k.source else "STATIC")
 
 
 if __name__ == "__main__":

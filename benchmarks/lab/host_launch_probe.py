@@ -21,6 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import host_probe
 import torch
 
 import autonorm
@@ -30,18 +31,9 @@ HERE = Path(__file__).resolve().parent
 HIDDEN, ROWS = 16384, 8
 
 
-def enqueue_us(fn, calls: int = 200, reps: int = 15) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls)
-    torch.cuda.synchronize()
-    return statistics.median(out) * 1e6
+def enqueue_us(fn) -> float:
+    """Host time per call: host_probe's enqueue timer, bursts of 200, median of 15."""
+    return host_probe.enqueue_us(fn, calls=200, repeats=15)
 
 
 def main() -> None:

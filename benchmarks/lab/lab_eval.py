@@ -3,7 +3,8 @@
 decompose_lab.py, rt_lab.py, p3_lab.py and cluster_cap_lab.py each build, per shape, a list of
 (name, evaluator, config) entries; :func:`run_plan` runs the shapes in turn, and
 :func:`compare` verifies every entry with the product's evaluator, times the verified ones
-interleaved (round-robin) and reports each against the first.
+interleaved (round-robin) and reports each against the first. :func:`run_tree_lab` is the whole of a lab
+that compares the product with one other template tree (dyn_lab, fwdd_lab, t16_lab).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from autonorm import codegen, compiler
 from autonorm.evaluator import GpuEvaluator
-from autonorm.space import DeviceLimits, KernelConfig, Problem
+from autonorm.space import H200, DeviceLimits, KernelConfig, Problem
 
 Render = Callable[[KernelConfig, Problem, DeviceLimits], codegen.RenderedKernel]
 
@@ -71,6 +72,37 @@ def run_plan(name: str, shapes: Iterable[Any], entries_for: EntriesFor, rounds: 
     finally:
         pool.close()
     return records
+
+
+def run_tree_lab(name: str, plan: dict[tuple[str, int], list[tuple[str, str]]], tag: str,
+                 render: Render, describe: Callable[[codegen.RenderedKernel], str] | None = None,
+                 ) -> None:
+    """The two-tree lab: each shape's (variant, label) entries, ``"prod"`` through the product's
+    evaluator and ``tag`` through ``render``, compared by :func:`run_plan` at rows = 2^26 / hidden.
+
+    With ``--offline`` the ``tag`` kernels are compiled with nvcc instead and each printed with
+    its registers and spill stores (and ``describe(kernel)``, if given); no GPU.
+    """
+    args = lab_arguments().parse_args()
+    if args.offline:
+        kernels = [render(KernelConfig.from_label(label), Problem(h, d), H200)
+                   for (d, h), entries in plan.items() for t, label in entries if t == tag]
+        reports = compiler.compile_offline(kernels, "sm_90")
+        for k in kernels:
+            r = reports[k.name]
+            print(k.problem.dtype, k.problem.hidden, k.config.label(), "registers", r.registers,
+                  "spill stores", r.spill_stores, "smem", k.launch.smem_bytes,
+                  "blocks/SM", k.launch.blocks_per_sm, describe(k) if describe else "")
+        return
+
+    def entries_for(shape: Any, pool: compiler.CompilePool) -> tuple[str, int, list[Entry]]:
+        (dtype, hidden), entries = shape
+        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
+        evs = {"prod": GpuEvaluator(problem, rows, pool=pool),
+               tag: RenderingEvaluator(render, problem, rows, pool=pool)}
+        return dtype, hidden, [(t, evs[t], KernelConfig.from_label(label)) for t, label in entries]
+
+    run_plan(name, plan.items(), entries_for, args.rounds, args.out)
 
 
 def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> list[dict]:

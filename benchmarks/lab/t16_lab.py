@@ -23,12 +23,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab_eval import RenderingEvaluator, lab_arguments, run_plan
+from lab_eval import run_tree_lab
 from tree_render import templates_from
 
-from autonorm import codegen, compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
+from autonorm import codegen
 
 TREE = Path(__file__).resolve().parent / "templates_t16"
 PLAN: dict[tuple[str, int], list[tuple[str, str]]] = {
@@ -56,27 +54,7 @@ def render_t16(config, problem, limits):  # noqa: ANN001, ANN201 - lab_eval.Rend
 
 
 def main() -> None:
-    ap = lab_arguments()
-    args = ap.parse_args()
-    if args.offline:
-        kernels = [render_t16(KernelConfig.from_label(label), Problem(h, d), H200)
-                   for (d, h), entries in PLAN.items() for tree, label in entries if tree == "t16"]
-        reports = compiler.compile_offline(kernels, "sm_90")
-        for k in kernels:
-            r = reports[k.name]
-            print(k.problem.dtype, k.problem.hidden, k.config.label(), "registers", r.registers,
-                  "spill stores", r.spill_stores, "smem", k.launch.smem_bytes,
-                  "blocks/SM", k.launch.blocks_per_sm)
-        return
-
-    def entries_for(shape, pool):  # noqa: ANN001, ANN202 - lab_eval.EntriesFor
-        (dtype, hidden), plan = shape
-        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
-        evs = {"prod": GpuEvaluator(problem, rows, pool=pool),
-               "t16": RenderingEvaluator(render_t16, problem, rows, pool=pool)}
-        return dtype, hidden, [(t, evs[t], KernelConfig.from_label(label)) for t, label in plan]
-
-    run_plan("t16_lab", PLAN.items(), entries_for, args.rounds, args.out)
+    run_tree_lab("t16_lab", PLAN, "t16", render_t16)
 
 
 if __name__ == "__main__":
