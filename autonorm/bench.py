@@ -215,10 +215,16 @@ def _copy_launch(src: Any) -> Callable[[int, int], None]:
     """A launch (for the timers) copying ``src`` into a new array of its size on the stream."""
     import cupy
 
+    from autonorm.compiler import wrap_stream
+
     dst = cupy.empty_like(src)
+    streams: dict[int, Any] = {}
 
     def launch(_: int, stream_ptr: int) -> None:
-        dst.data.copy_from_device_async(src.data, src.nbytes, cupy.cuda.ExternalStream(stream_ptr))
+        stream = streams.get(stream_ptr)
+        if stream is None:
+            stream = streams[stream_ptr] = wrap_stream(stream_ptr)
+        dst.data.copy_from_device_async(src.data, src.nbytes, stream)
 
     return launch
 

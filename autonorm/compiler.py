@@ -39,6 +39,33 @@ _DIAG = "177,550"
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
+class _RawStream:
+    """A raw ``cudaStream_t`` presented through the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def wrap_stream(ptr: int) -> Any:
+    """Return a CuPy stream object for a raw ``cudaStream_t`` someone else owns (torch's, say).
+
+    CuPy 14 deprecates ``cupy.cuda.ExternalStream`` (removal is planned for 15) in favour of
+    ``Stream.from_external`` on any object with ``__cuda_stream__``; older CuPy has only the
+    former. Either way the stream is not destroyed when the wrapper is.
+    """
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_RawStream(ptr))
+    return cupy.cuda.ExternalStream(ptr)
+
+
 def nvrtc_options(arch: str) -> tuple[str, ...]:
     """Return the NVRTC options for ``arch`` (e.g. ``sm_90``)."""
     return ("-std=c++17", f"--gpu-architecture={arch}", f"--diag-suppress={_DIAG}")
@@ -256,10 +283,7 @@ class CompiledKernel:
         if stream_ptr is not None:
             stream = self._streams.get(stream_ptr)
             if stream is None:
-                import cupy
-
-                stream = cupy.cuda.ExternalStream(stream_ptr)
-                self._streams[stream_ptr] = stream
+                stream = self._streams[stream_ptr] = wrap_stream(stream_ptr)
         args = (
             np.uint64(x_ptr),
             np.uint64(w_ptr),

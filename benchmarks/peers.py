@@ -500,11 +500,13 @@ class Impls:
         torch = self.torch
         import cupy
 
+        from autonorm.compiler import wrap_stream
+
         xc, wc, bc = cupy.from_dlpack(x), cupy.from_dlpack(w), cupy.from_dlpack(b)
 
         def dlpack_path():
             # Run on torch's current stream so do_bench events and graph capture see the work.
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            stream = wrap_stream(torch.cuda.current_stream().cuda_stream)
             with stream:
                 y = an(xc, wc, bc, eps)
             return _as_torch(y)

@@ -134,3 +134,45 @@ def test_welford_follows_its_mean_under_an_outlier_shift(hidden: int, label: str
     assert result.ok, result.summary()
     # within 3x of the emulated figure: the emulation reproduced the shipped kernel's within 15%
     assert result.errors[OUTLIER_CASE].rel_l2 <= 3 * predicted, result.errors[OUTLIER_CASE]
+
+
+def test_cupy_launch_path_on_a_raw_stream() -> None:
+    """Without the ctypes launcher (no driver library, or a thread without a context) a launch
+    on a raw stream pointer goes through CuPy: the same bits as the ctypes launch, and no
+    DeprecationWarning (CuPy 14 deprecates ``ExternalStream``; ``compiler.wrap_stream``)."""
+    import warnings
+
+    import cupy
+    import numpy as np
+
+    from autonorm import bench, codegen, compiler
+    from autonorm.reference import from_float64
+
+    problem = Problem(4096, "bfloat16")
+    kernel = compiler.compile_kernel(codegen.render(default_config(problem), problem))
+    rng = np.random.default_rng(3)
+    rows = 300
+    x = cupy.asarray(from_float64(rng.standard_normal((rows, 4096)) * 2 + 5, problem.dtype))
+    w = cupy.asarray(from_float64(1 + 0.1 * rng.standard_normal(4096), problem.dtype))
+    b = cupy.asarray(from_float64(0.1 * rng.standard_normal(4096), problem.dtype))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    outs = []
+    driver = kernel._driver  # noqa: SLF001 - the path under test is the one without it
+    assert driver is not None, "the ctypes launcher is the default path on a GPU machine"
+    try:
+        for use_driver in (True, False):
+            kernel._driver = driver if use_driver else None  # noqa: SLF001
+            y = cupy.empty_like(x)
+            bench.poison_fill(y)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", DeprecationWarning)
+                kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5,
+                              stream.ptr)
+            stream.synchronize()
+            outs.append(y)
+    finally:
+        kernel._driver = driver  # noqa: SLF001
+    poison = cupy.uint16(0xFFFF)
+    assert not bool((outs[0].view(cupy.uint16) == poison).any()), "rows left unwritten"
+    assert bool((outs[0].view(cupy.uint16) == outs[1].view(cupy.uint16)).all())
+    assert compiler.wrap_stream(stream.ptr).ptr == stream.ptr
