@@ -215,27 +215,29 @@ def _forward_cuda(
     # Aligned copies stay referenced until the launch is enqueued: freeing one earlier could
     # hand its block to y. Later reuse is safe: the allocator orders it on the current stream,
     # which is the stream the kernel runs on.
-    if not x.is_contiguous() or x.data_ptr() & 15:
+    # Each data pointer is read once (~80 ns a read) and reused for the launch.
+    xp = x.data_ptr()
+    if xp & 15 or not x.is_contiguous():
         x = _aligned(x)
-    if weight is not None and (not weight.is_contiguous() or weight.data_ptr() & 15):
-        weight = _aligned(weight)
-    if bias is not None and (not bias.is_contiguous() or bias.data_ptr() & 15):
-        bias = _aligned(bias)
+        xp = x.data_ptr()
+    wp = bp = 0
+    if weight is not None:
+        wp = weight.data_ptr()
+        if wp & 15 or not weight.is_contiguous():
+            weight = _aligned(weight)
+            wp = weight.data_ptr()
+    if bias is not None:
+        bp = bias.data_ptr()
+        if bp & 15 or not bias.is_contiguous():
+            bias = _aligned(bias)
+            bp = bias.data_ptr()
     y = torch.empty_like(x)  # x is contiguous now, so y is too
     rows = x.numel() // hidden if hidden else 0
     if rows == 0:
         return y
     bucket = 1 if rows <= 1 else 1 << (rows - 1).bit_length()  # space.rows_bucket, inlined
     key = (device_id, dtype, hidden, weight is not None, bias is not None, bucket)
-    args = (
-        x.data_ptr(),
-        0 if weight is None else weight.data_ptr(),
-        0 if bias is None else bias.data_ptr(),
-        y.data_ptr(),
-        rows,
-        float(eps),
-        _raw_stream(device_id),
-    )
+    args = (xp, wp, bp, y.data_ptr(), rows, float(eps), _raw_stream(device_id))
     kernel = _KERNELS.get(key)
     if kernel is not None and device_id == _current_device():
         kernel.launch(*args)

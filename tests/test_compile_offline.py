@@ -312,3 +312,37 @@ def test_compile_offline_missing_kernel_is_an_error():
     renamed = dataclasses.replace(good, name="autonorm_ln_not_in_source")
     with pytest.raises(CompileError, match="ptxas reported nothing.*autonorm_ln_not_in_source"):
         compile_offline([renamed])
+
+
+def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ctypes launcher's parameter buffer, read back the way cuLaunchKernel reads it: one
+    pointer per kernel parameter (x, w, b, y, rows, eps, work), each at its own value."""
+    import ctypes
+
+    seen = {}
+
+    def fake_launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: ANN001
+        p = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        u64 = [ctypes.c_uint64.from_address(p[i]).value for i in (0, 1, 2, 3, 6)]
+        seen.update(
+            fn=fn.value, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream.value,
+            extra=extra, ptrs=u64[:4], work=u64[4],
+            rows=ctypes.c_int32.from_address(p[4]).value,
+            eps=ctypes.c_float.from_address(p[5]).value,
+        )
+        return 0
+
+    monkeypatch.setattr(compiler._DriverLauncher, "_lib", staticmethod(fake_launch))  # noqa: SLF001
+    monkeypatch.setattr(compiler._DriverLauncher, "_lib_tried", True)  # noqa: SLF001
+    launcher = compiler._DriverLauncher(0xABC0)  # noqa: SLF001
+    ptrs = [0x7F00_0000_0000, 0x7F00_0010_0000, 0, 0x7FFF_FFFF_FFF0]
+    code = launcher(528, 256, 33824, 0x5555_0000, *ptrs, 70001, 1e-5, 0x7E00_0000_0008)
+    assert code == 0
+    assert seen == {
+        "fn": 0xABC0, "grid": (528, 1, 1), "block": (256, 1, 1), "smem": 33824,
+        "stream": 0x5555_0000, "extra": None, "ptrs": ptrs, "work": 0x7E00_0000_0008,
+        "rows": 70001, "eps": pytest.approx(1e-5, rel=1e-7),
+    }
+    # The default stream is the null pointer; a second call on it reuses the same buffers.
+    launcher(1, 32, 0, 0, 1, 2, 3, 4, 5, 0.5, 0)
+    assert seen["stream"] is None and seen["ptrs"] == [1, 2, 3, 4] and seen["rows"] == 5
