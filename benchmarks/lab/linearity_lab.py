@@ -1,0 +1,85 @@
+"""Lab only: is the wide shapes' gap to copy a fixed cost per launch or a steady-state rate?
+
+tail_lab.py found no cost in a partly filled last round. Here each shipped winner is timed at
+0.5, 1, 2 and 4 times the peers' rows (single launches after an L2 flush, interleaved), and so
+is a copy of the same bytes; a least-squares line T = fixed + rows x per_row for each says
+whether autonorm loses its points in a fixed cost (the first tile must arrive whole before any
+store, the last stores drain alone) or in the rate at which rows stream once it runs.
+
+Run on the GPU machine: ``python benchmarks/lab/linearity_lab.py --out $OUT``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import lab_eval
+
+from autonorm.evaluator import GpuEvaluator
+from autonorm.space import KernelConfig, Problem
+
+SHAPES = (
+    ("bfloat16", 65536, "t512v8r1-bulk-two_pass-c2-p0-s3"),
+    ("bfloat16", 32768, "t512v8r1-bulk-two_pass-c1-p0-s2"),
+    ("bfloat16", 16384, "t256v8r1-smem-two_pass-c1-p0-m64"),
+    ("float32", 65536, "t512v4r1-bulk-two_pass-c4-p0-s2"),
+    ("bfloat16", 4096, "t128v8r1-smem-two_pass-c1-p0-m64"),
+)
+SCALES = (0.5, 1, 2, 4)
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares line through (xs, ys): (intercept, slope)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def main() -> None:
+    args = lab_eval.lab_arguments(offline=False).parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    for dtype, hidden, label in SHAPES:
+        problem, config = Problem(hidden, dtype), KernelConfig.from_label(label)
+        base = (1 << 26) // hidden
+        evs = {}
+        for scale in SCALES:
+            rows = int(base * scale)
+            ev = GpuEvaluator(problem, rows)
+            o = ev.evaluate(config)
+            if o.status != "ok":
+                print(dtype, hidden, label, rows, o.status, o.error, flush=True)
+                continue
+            evs[rows] = ev
+        per: dict[int, list] = {r: [] for r in evs}
+        for _ in range(args.rounds):
+            for r, ev in evs.items():
+                per[r].append(ev.time_single(config))
+        xs, ln, cp = [], [], []
+        for r, ts in per.items():
+            us = statistics.median(t.median_us for t in ts)
+            copy_us = evs[r].nbytes / (statistics.median(t.copy_gbps for t in ts) * 1e9) * 1e6
+            xs.append(r)
+            ln.append(us)
+            cp.append(copy_us)
+            print(f"{dtype:8s} {hidden:6d} {label:34s} rows {r:6d} {us:8.2f} us copy "
+                  f"{copy_us:8.2f} us share {copy_us / us * 100:5.1f}%", flush=True)
+        (a_ln, b_ln), (a_cp, b_cp) = fit(xs, ln), fit(xs, cp)
+        print(f"{dtype:8s} {hidden:6d} fit: autonorm {a_ln:6.2f} us + {b_ln * 1e3:7.2f} ns/row, "
+              f"copy {a_cp:6.2f} us + {b_cp * 1e3:7.2f} ns/row; per-row share "
+              f"{b_cp / b_ln * 100:5.1f}%, at the peers' rows the fixed costs take "
+              f"{(a_ln - a_cp) / (a_ln + b_ln * base) * 100:4.1f} points", flush=True)
+        records.append(dict(dtype=dtype, hidden=hidden, label=label, rows=xs, us=ln,
+                            copy_us=cp, fixed_us=a_ln, per_row_ns=b_ln * 1e3,
+                            copy_fixed_us=a_cp, copy_per_row_ns=b_cp * 1e3))
+        json.dump(records, open(out / "linearity_lab.json", "w"), indent=1)
+        del evs
+        lab_eval.free_gpu_memory()
+
+
+if __name__ == "__main__":
+    main()
