@@ -82,6 +82,11 @@ def run(dtype: str, hidden: int, label: str, flush, runs: int, tree: str = "") -
         from dyn_lab import render_dyn
 
         rendered = render_dyn(config, problem, info.limits())
+    elif tree:  # a template tree (session 13: templates_stagger)
+        from tree_render import templates_from
+
+        with templates_from(tree):
+            rendered = codegen.render(config, problem, info.limits())
     else:
         rendered = codegen.render(config, problem, info.limits())
     rows = (1 << 26) // hidden
@@ -168,7 +173,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/out")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--tree", default="", help="'dyn' renders the bulk kernels from templates_dyn")
+    ap.add_argument("--tree", default="", help="'dyn' renders the bulk kernels from templates_dyn; "
+                    "a directory renders them from that template tree")
     ap.add_argument("--only", default="", help="comma-separated hidden sizes to run")
     args = ap.parse_args()
     info = query_device()
@@ -180,7 +186,7 @@ def main() -> None:
             continue
         rec = run(dtype, hidden, label, lambda: buf.sum(), args.runs, args.tree)
         records.append(rec)
-        print(f"\n{args.tree or 'prod'} {dtype} {hidden} {label} grid {rec['plain_grid']} regs {rec['plain_regs']}/"
+        print(f"\n{Path(args.tree).name if args.tree else 'prod'} {dtype} {hidden} {label} grid {rec['plain_grid']} regs {rec['plain_regs']}/"
               f"{rec['stamped_regs']}: plain {statistics.median(rec['plain_us']):.1f} us, stamped "
               f"{statistics.median(rec['stamped_us']):.1f} us, span {rec['span_us']:.1f}")
         for key in ("entry_us", "exit_us", "tiles_per_block", "first_arrival_us",
@@ -194,7 +200,8 @@ def main() -> None:
                   + " ".join(f"{g:.0f}" for g in rec["arrived_gbps_per_2us"]))
         print("  blocks running per 2 us: " + " ".join(str(n) for n in rec["running_per_2us"]))
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        json.dump(records, open(Path(args.out) / f"timeline_lab{args.tree}.json", "w"), indent=1)
+        tag = Path(args.tree).name if args.tree else ""
+        json.dump(records, open(Path(args.out) / f"timeline_lab{tag}.json", "w"), indent=1)
 
 
 if __name__ == "__main__":
