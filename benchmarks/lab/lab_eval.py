@@ -152,6 +152,28 @@ def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> l
     return records
 
 
+def time_at_rows(problem: Problem, config: KernelConfig, row_counts: Iterable[int],
+                 rounds: int) -> dict[int, tuple[GpuEvaluator, list[Any]]]:
+    """One config at several row counts: verify each, then single launches interleaved.
+
+    Returns {rows: (its evaluator, a Timing a round)} for the row counts that verified
+    (tail_lab, linearity_lab); a failed verification is printed and left out.
+    """
+    evs = {}
+    for rows in row_counts:
+        ev = GpuEvaluator(problem, rows)
+        o = ev.evaluate(config)
+        if o.status != "ok":
+            print(problem, config.label(), rows, o.status, o.error, flush=True)
+            continue
+        evs[rows] = ev
+    per: dict[int, list[Any]] = {r: [] for r in evs}
+    for _ in range(rounds):
+        for r, ev in evs.items():
+            per[r].append(ev.time_single(config))
+    return {r: (evs[r], per[r]) for r in evs}
+
+
 def free_gpu_memory() -> None:
     """Return the shape's buffers to the device before the next shape allocates its own."""
     import cupy

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import lab_eval
 
-from autonorm.evaluator import GpuEvaluator
 from autonorm.space import KernelConfig, Problem
 
 SHAPES = (
@@ -46,23 +45,12 @@ def main() -> None:
     for dtype, hidden, label in SHAPES:
         problem, config = Problem(hidden, dtype), KernelConfig.from_label(label)
         base = (1 << 26) // hidden
-        evs = {}
-        for scale in SCALES:
-            rows = int(base * scale)
-            ev = GpuEvaluator(problem, rows)
-            o = ev.evaluate(config)
-            if o.status != "ok":
-                print(dtype, hidden, label, rows, o.status, o.error, flush=True)
-                continue
-            evs[rows] = ev
-        per: dict[int, list] = {r: [] for r in evs}
-        for _ in range(args.rounds):
-            for r, ev in evs.items():
-                per[r].append(ev.time_single(config))
+        timed = lab_eval.time_at_rows(problem, config, [int(base * k) for k in SCALES],
+                                      args.rounds)
         xs, ln, cp = [], [], []
-        for r, ts in per.items():
+        for r, (ev, ts) in timed.items():
             us = statistics.median(t.median_us for t in ts)
-            copy_us = evs[r].nbytes / (statistics.median(t.copy_gbps for t in ts) * 1e9) * 1e6
+            copy_us = ev.nbytes / (statistics.median(t.copy_gbps for t in ts) * 1e9) * 1e6
             xs.append(r)
             ln.append(us)
             cp.append(copy_us)
@@ -77,7 +65,7 @@ def main() -> None:
                             copy_us=cp, fixed_us=a_ln, per_row_ns=b_ln * 1e3,
                             copy_fixed_us=a_cp, copy_per_row_ns=b_cp * 1e3))
         json.dump(records, open(out / "linearity_lab.json", "w"), indent=1)
-        del evs
+        del timed
         lab_eval.free_gpu_memory()
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import lab_eval
 
 from autonorm import codegen
-from autonorm.evaluator import GpuEvaluator
 from autonorm.space import KernelConfig, Problem
 
 SHAPES = (
@@ -48,21 +47,10 @@ def main() -> None:
         else:
             slots = 0
             row_counts = [rows]
-        evs = {}
-        for r in row_counts:
-            ev = GpuEvaluator(problem, r)
-            o = ev.evaluate(config)
-            if o.status != "ok":
-                print(dtype, hidden, label, r, o.status, o.error, flush=True)
-                continue
-            evs[r] = ev
-        per: dict[int, list] = {r: [] for r in evs}
-        for _ in range(args.rounds):
-            for r, ev in evs.items():
-                per[r].append(ev.time_single(config))
-        for r, ts in per.items():
+        timed = lab_eval.time_at_rows(problem, config, row_counts, args.rounds)
+        for r, (ev, ts) in timed.items():
             us = statistics.median(t.median_us for t in ts)
-            share = evs[r].nbytes / (us * 1e-6) / 1e9 / ts[0].copy_gbps
+            share = ev.nbytes / (us * 1e-6) / 1e9 / ts[0].copy_gbps
             rounds = r / slots if slots else 0
             print(f"{dtype:8s} {hidden:6d} {label:34s} rows {r:5d} ({rounds:5.2f} rounds of "
                   f"{slots}) {us:8.2f} us {us / r * 1e3:7.2f} ns/row {share * 100:5.1f}% of copy",
@@ -70,7 +58,7 @@ def main() -> None:
             records.append(dict(dtype=dtype, hidden=hidden, label=label, rows=r, slots=slots,
                                 us=us, share=share, rounds_us=[t.median_us for t in ts]))
         json.dump(records, open(out / "tail_lab.json", "w"), indent=1)
-        del evs
+        del timed
         lab_eval.free_gpu_memory()
 
 
