@@ -145,6 +145,8 @@ class _DriverLauncher:
         _PARAMS.pack_into(buf, 0, x, w, b, y, rows, eps, work)
         stream = self._streams.get(stream_ptr)
         if stream is None:
+            if len(self._streams) >= 64:  # a caller making a stream a call: stay bounded
+                self._streams.clear()
             stream = self._streams[stream_ptr] = ctypes.c_void_p(stream_ptr)
         return self._lib(self._fn, grid, 1, 1, block, 1, 1, smem, stream, params, None)
 

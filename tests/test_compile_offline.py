@@ -346,3 +346,8 @@ def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyP
     # The default stream is the null pointer; a second call on it reuses the same buffers.
     launcher(1, 32, 0, 0, 1, 2, 3, 4, 5, 0.5, 0)
     assert seen["stream"] is None and seen["ptrs"] == [1, 2, 3, 4] and seen["rows"] == 5
+    # A caller that makes a new stream for every call does not grow the cache without bound.
+    for s in range(1, 100):
+        launcher(1, 32, 0, s * 256, 1, 2, 3, 4, 5, 0.5, 0)
+        assert seen["stream"] == s * 256
+    assert len(launcher._streams) <= 64  # noqa: SLF001
