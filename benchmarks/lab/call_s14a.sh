@@ -19,7 +19,9 @@ timeout 230 python3 $L/ab_lab.py --base $L/templates_base --new $L/templates_sta
   --top 2 --rounds 5 --budget-s 200 --out "$OUT/stagger" \
   --only bfloat16:32768,float16:32768,bfloat16:65536,float16:65536,float32:16384,float32:32768,float32:65536 \
   2>&1 | grep -v "━" | tee "$OUT/ab_stagger.log" | grep -v "^\s*$" | tail -20
-for tree in "" "$L/templates_stagger"; do
-  timeout 100 python3 $L/timeline_lab.py --only 32768,65536 --runs 5 --out "$OUT" \
-    ${tree:+--tree $tree} 2>&1 | grep -v "━" | tee -a "$OUT/timeline_stagger.log" | tail -30
-done
+# The shipped kernels with a stamped copy for reference (how much of a plain copy's event time
+# lies outside its own first-entry-to-last-exit span), then the staggered ones.
+timeout 100 python3 $L/timeline_lab.py --only 32768,65536 --runs 5 --out "$OUT" --copy 2>&1 \
+  | grep -v "━" | tee -a "$OUT/timeline_stagger.log" | tail -32
+timeout 100 python3 $L/timeline_lab.py --only 32768,65536 --runs 5 --out "$OUT" \
+  --tree $L/templates_stagger 2>&1 | grep -v "━" | tee -a "$OUT/timeline_stagger.log" | tail -30

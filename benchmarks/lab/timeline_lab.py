@@ -134,6 +134,74 @@ def run(dtype: str, hidden: int, label: str, flush, runs: int, tree: str = "") -
     return out
 
 
+COPY = f"""
+__device__ unsigned long long an_tl[{MAX_BLOCKS * 2}];
+__device__ __forceinline__ unsigned long long an_now() {{
+  unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
+}}
+extern "C" __global__ void stamped_copy(const int4* __restrict__ src, int4* __restrict__ dst,
+                                        long long n) {{
+  if (threadIdx.x == 0) an_tl[blockIdx.x * 2] = an_now();
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {{
+    const int4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a; dst[i + stride] = b; dst[i + 2 * stride] = c; dst[i + 3 * stride] = d;
+  }}
+  for (; i < n; i += stride) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) an_tl[blockIdx.x * 2 + 1] = an_now();
+}}
+"""
+
+
+def run_copy(nbytes: int, flush, runs: int) -> dict:
+    """A stamped grid-stride copy of nbytes / 2 bytes (nbytes moved), beside cudaMemcpy's time.
+
+    The reference for the bulk kernels' event time against their span (first entry to last
+    exit): how much of a launch lies outside the kernel's own stamps for a plain copy.
+    """
+    info = query_device()
+    n16 = nbytes // 2 // 16
+    src = cupy.ones(n16 * 4, cupy.int32)
+    dst = cupy.empty_like(src)
+    mod = cupy.RawModule(code=COPY)
+    fn = mod.get_function("stamped_copy")
+    g = mod.get_global("an_tl")
+    arr = cupy.ndarray((MAX_BLOCKS * 2,), cupy.uint64, g)
+    out = {}
+    for blocks_per_sm in (2, 4):
+        grid = info.sm_count * blocks_per_sm
+        times, spans, tails = [], [], []
+        for _ in range(runs):
+            flush()
+            s, e = cupy.cuda.Event(), cupy.cuda.Event()
+            s.record()
+            fn((grid,), (512,), (src, dst, cupy.int64(n16)))
+            e.record()
+            e.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+            st = arr[: grid * 2].reshape(grid, 2).get().astype(np.int64)
+            t0 = st[:, 0].min()
+            spans.append((st[:, 1].max() - t0) / 1e3)
+            tails.append((st[:, 1].max() - st[:, 1].min()) / 1e3)
+            arr[:] = 0
+        out[f"copy_{blocks_per_sm}x"] = {"event_us": statistics.median(times),
+                                         "span_us": statistics.median(spans),
+                                         "exit_spread_us": statistics.median(tails)}
+    memcpy = []
+    for _ in range(runs):
+        flush()
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record()
+        dst.data.copy_from_device(src.data, src.nbytes)
+        e.record()
+        e.synchronize()
+        memcpy.append(cupy.cuda.get_elapsed_time(s, e) * 1e3)
+    out["memcpy_event_us"] = statistics.median(memcpy)
+    return out
+
+
 def analyse(st: np.ndarray, xbytes: int, grid: int, config: KernelConfig) -> dict:
     t0 = int(st[:, 0].min())
     us = lambda v: (v.astype(np.int64) - t0) / 1e3  # noqa: E731
@@ -176,10 +244,16 @@ def main() -> None:
     ap.add_argument("--tree", default="", help="'dyn' renders the bulk kernels from templates_dyn; "
                     "a directory renders them from that template tree")
     ap.add_argument("--only", default="", help="comma-separated hidden sizes to run")
+    ap.add_argument("--copy", action="store_true",
+                    help="also a stamped copy of the 2^26 bf16 elements' bytes (event vs span)")
     args = ap.parse_args()
     info = query_device()
     buf = cupy.ones(4 * info.l2_bytes // 4, cupy.float32)
     records = []
+    if args.copy:
+        rec = run_copy(2 * 2 * (1 << 26), lambda: buf.sum(), args.runs)
+        print("copy (128 MiB read + 128 MiB written, as bf16 at 2^26 elements): " + json.dumps(rec), flush=True)
+        records.append({"copy": rec})
     only = {int(h) for h in args.only.split(",") if h}
     for dtype, hidden, label in PLAN:
         if (only and hidden not in only) or (args.tree and "bulk" not in label):
