@@ -218,13 +218,9 @@ def _copy_launch(src: Any) -> Callable[[int, int], None]:
     from autonorm.compiler import wrap_stream
 
     dst = cupy.empty_like(src)
-    streams: dict[int, Any] = {}
 
     def launch(_: int, stream_ptr: int) -> None:
-        stream = streams.get(stream_ptr)
-        if stream is None:
-            stream = streams[stream_ptr] = wrap_stream(stream_ptr)
-        dst.data.copy_from_device_async(src.data, src.nbytes, stream)
+        dst.data.copy_from_device_async(src.data, src.nbytes, wrap_stream(stream_ptr))
 
     return launch
 

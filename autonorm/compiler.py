@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes
 import ctypes.util
+import functools
 import multiprocessing
 import os
 import re
@@ -52,12 +53,14 @@ class _RawStream:
         return (0, self.ptr)
 
 
+@functools.lru_cache(maxsize=64)
 def wrap_stream(ptr: int) -> Any:
     """Return a CuPy stream object for a raw ``cudaStream_t`` someone else owns (torch's, say).
 
     CuPy 14 deprecates ``cupy.cuda.ExternalStream`` (removal is planned for 15) in favour of
     ``Stream.from_external`` on any object with ``__cuda_stream__``; older CuPy has only the
-    former. Either way the stream is not destroyed when the wrapper is.
+    former. Either way the stream is not destroyed when the wrapper is. One wrapper per stream
+    (the last 64 kept), so callers that launch on a stream again need no cache of their own.
     """
     import cupy
 
@@ -221,7 +224,6 @@ class CompiledKernel:
         self._block = (self.plan.threads, 1, 1)
         self._smem = self.plan.smem_bytes
         self._np = np
-        self._streams: dict[int, Any] = {}
         self._driver = _DriverLauncher.create(function)
         self.resident_clusters = (
             resident_clusters(function, self.plan, sm_count) if self.plan.resident else None
@@ -296,11 +298,7 @@ class CompiledKernel:
             # Wrong or no current context on this thread: CuPy's path sets it up.
             self._driver = None
         np = self._np
-        stream = None
-        if stream_ptr is not None:
-            stream = self._streams.get(stream_ptr)
-            if stream is None:
-                stream = self._streams[stream_ptr] = wrap_stream(stream_ptr)
+        stream = None if stream_ptr is None else wrap_stream(stream_ptr)
         args = (
             np.uint64(x_ptr),
             np.uint64(w_ptr),

@@ -351,3 +351,36 @@ def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyP
         launcher(1, 32, 0, s * 256, 1, 2, 3, 4, 5, 0.5, 0)
         assert seen["stream"] == s * 256
     assert len(launcher._streams) <= 64  # noqa: SLF001
+
+
+def test_wrap_stream_uses_the_stream_protocol_once_per_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CuPy >= 14: a raw stream is wrapped through ``Stream.from_external`` and its
+    ``__cuda_stream__`` (not the deprecated ExternalStream), one wrapper per stream pointer.
+    A stand-in CuPy module records the calls (the GPU test runs the real one)."""
+    import sys
+    import types
+
+    made = []
+
+    class Stream:
+        @classmethod
+        def from_external(cls, obj):  # noqa: ANN001, ANN206
+            made.append(obj.__cuda_stream__())
+            return ("stream", obj.__cuda_stream__()[1])
+
+    def external_stream(ptr):  # noqa: ANN001, ANN202
+        raise AssertionError("the deprecated ExternalStream was used")
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=external_stream)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    compiler.wrap_stream.cache_clear()
+    try:
+        assert compiler.wrap_stream(0x5000) == ("stream", 0x5000)
+        assert compiler.wrap_stream(0x5000) == ("stream", 0x5000)
+        assert compiler.wrap_stream(0x6000) == ("stream", 0x6000)
+        assert made == [(0, 0x5000), (0, 0x6000)]
+    finally:
+        compiler.wrap_stream.cache_clear()
