@@ -350,7 +350,7 @@ def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyP
     for s in range(1, 100):
         launcher(1, 32, 0, s * 256, 1, 2, 3, 4, 5, 0.5, 0)
         assert seen["stream"] == s * 256
-    assert len(launcher._streams) <= 64  # noqa: SLF001
+    assert len(compiler._STREAM_ARGS) <= 64  # noqa: SLF001
 
 
 def test_wrap_stream_uses_the_stream_protocol_once_per_stream(

@@ -10,11 +10,13 @@ bf16 16384, rows 8, the shipped kernel, torch's current stream. Host time per la
 - eager's ``layer_norm`` for scale.
 
 Each is printed twice, before and after a burn of host work, since the host's state moved the
-figures 1.5-2x in session 12 (calls F-G).
+figures 1.5-2x in session 12 (calls F-G). ``--rows 512`` takes the bulk kernel (session 14), whose
+launch also asks ``workspace.counter_for`` for its tile counter: that is timed too.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import statistics
 import subprocess
@@ -26,9 +28,10 @@ import torch
 
 import autonorm
 from autonorm import torch as at
+from autonorm import workspace
 
 HERE = Path(__file__).resolve().parent
-HIDDEN, ROWS = 16384, 8
+HIDDEN = 16384
 
 
 def enqueue_us(fn) -> float:
@@ -37,6 +40,9 @@ def enqueue_us(fn) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=8)
+    rows = ap.parse_args().rows
     so = Path("/tmp/launch_loop.so")
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(so),
                     str(HERE / "launch_loop.c"), "-ldl"], check=True)
@@ -45,18 +51,18 @@ def main() -> None:
     lib.launch_loop.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_uint,
                                 ctypes.c_uint, ctypes.c_void_p] + [ctypes.c_uint64] * 4 + [
                                     ctypes.c_int, ctypes.c_float, ctypes.c_uint64]
-    x = torch.randn(ROWS, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     with torch.inference_mode():
         autonorm.layer_norm(x, w, b, 1e-5)
-        kernel = next(k for key, k in at._KERNELS.items() if key[2] == HIDDEN and key[5] == ROWS)
+        kernel = next(k for key, k in at._KERNELS.items() if key[2] == HIDDEN and key[5] == rows)
         print("kernel", kernel.rendered.config.label(), flush=True)
         sp = torch.cuda.current_stream().cuda_stream
-        grid, plan = kernel.grid(ROWS), kernel.plan
+        grid, plan = kernel.grid(rows), kernel.plan
         drv = kernel._driver
-        args = (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), ROWS, 1e-5)
+        args = (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, 1e-5)
 
         def c_loop() -> float:
             torch.cuda.synchronize()
@@ -75,6 +81,7 @@ def main() -> None:
                 "ctypes": enqueue_us(lambda: drv(grid, plan.threads, plan.smem_bytes, sp,
                                                  *args, 0)),
                 "launch()": enqueue_us(lambda: kernel.launch(*args, sp)),
+                "counter_for": enqueue_us(lambda: workspace.counter_for(0, sp)),
                 "autonorm.layer_norm": enqueue_us(lambda: autonorm.layer_norm(x, w, b, 1e-5)),
                 "eager": enqueue_us(lambda: torch.nn.functional.layer_norm(x, (HIDDEN,), w, b)),
             }
