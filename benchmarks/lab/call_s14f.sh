@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Session 14: the capture query's cost before a bulk launch, HEAD~1 (old) against HEAD (new) in
+# Session 14: the capture query's cost before a bulk launch, 00e790a6c1f2f2a8f57567d8519721bed86ca882 (old, before the change) against HEAD (new) in
 # alternating processes at bf16 16384 rows 512 (the bulk kernel), then the GPU suite on HEAD.
 set -u
 mkdir -p "$OUT"
 L=benchmarks/lab
-rm -rf $L/old_tree && mkdir -p $L/old_tree && git archive HEAD~1 autonorm | tar -x -C $L/old_tree
+rm -rf $L/old_tree && mkdir -p $L/old_tree && git archive 00e790a6c1f2f2a8f57567d8519721bed86ca882 autonorm | tar -x -C $L/old_tree
 for i in 1 2 3; do
   for tree in old new; do
     if [[ $tree == old ]]; then root=$PWD/$L/old_tree; else root=$PWD; fi
