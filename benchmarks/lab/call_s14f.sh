@@ -4,7 +4,7 @@
 set -u
 mkdir -p "$OUT"
 L=benchmarks/lab
-rm -rf $L/old_tree && mkdir -p $L/old_tree && git archive 00e790a6c1f2f2a8f57567d8519721bed86ca882 autonorm | tar -x -C $L/old_tree
+rm -rf $L/old_tree && mkdir -p $L/old_tree && git archive 00e790a6c1f2f2a8f57567d8519721bed86ca882 autonorm templates tuning_db | tar -x -C $L/old_tree
 for i in 1 2 3; do
   for tree in old new; do
     if [[ $tree == old ]]; then root=$PWD/$L/old_tree; else root=$PWD; fi
