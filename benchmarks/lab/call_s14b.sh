@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 14, first call: the GPU suite on main's HEAD (2f2e047: wrap_stream's lru_cache, the
-# launcher's bounded stream cache; neither had run on a GPU), then the stagger A/B of call_s14a.sh
-# (its timelines wait for the next call).
+# launcher's bounded stream cache; neither had run on a GPU), then the A/B of
+# tree_patches/templates_stagger.patch on the bulk shapes (session 13 had prepared both in one
+# script, with the timelines; they ran on the product templates in call_s14c.sh).
 set -u
 mkdir -p "$OUT"
 L=benchmarks/lab

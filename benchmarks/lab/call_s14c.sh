@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 14: the working tree's templates (stagger landed in layernorm_bulk.cu.j2, plus the two
 # macro cleanups) re-tuned for the shipped DB, then the timelines of the staggered bulk kernels
-# with a stamped copy for reference (call_s14a.sh's second half, on the product templates).
+# with a stamped copy for reference.
 set -u
 mkdir -p "$OUT"
 bash benchmarks/gpu_checks.sh ship 2>&1 | grep -v "━" | tail -30
