@@ -11,7 +11,8 @@ bf16 16384, rows 8, the shipped kernel, torch's current stream. Host time per la
 
 Each is printed twice, before and after a burn of host work, since the host's state moved the
 figures 1.5-2x in session 12 (calls F-G). ``--rows 512`` takes the bulk kernel (session 14), whose
-launch also asks ``workspace.counter_for`` for its tile counter: that is timed too.
+launch also asks ``workspace.counter_for`` for its tile counter: that is timed too, and so is
+``torch.empty_like`` of the input (the call's output allocation).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> None:
                                                  *args, 0)),
                 "launch()": enqueue_us(lambda: kernel.launch(*args, sp)),
                 "counter_for": enqueue_us(lambda: workspace.counter_for(0, sp)),
+                "empty_like": enqueue_us(lambda: torch.empty_like(x)),
                 "autonorm.layer_norm": enqueue_us(lambda: autonorm.layer_norm(x, w, b, 1e-5)),
                 "eager": enqueue_us(lambda: torch.nn.functional.layer_norm(x, (HIDDEN,), w, b)),
             }
