@@ -9,14 +9,7 @@ mkdir -p "$OUT"
 L=benchmarks/lab
 rm -rf $L/old_tree && mkdir -p $L/old_tree && cp -r autonorm templates tuning_db $L/old_tree/
 (cd $L/old_tree && patch -s -R -p1 < ../tree_patches/s14_capture_query.patch) || exit 1
-for i in 1 2 3; do
-  for tree in old new; do
-    if [[ $tree == old ]]; then root=$PWD/$L/old_tree; else root=$PWD; fi
-    echo "== $tree run $i" | tee -a "$OUT/host_bulk_ab.log"
-    PYTHONPATH=/tmp/site:$root:$PWD/$L timeout 45 python3 $L/host_launch_probe.py --rows 512 2>&1 \
-      | grep -v Warning | tail -3 | tee -a "$OUT/host_bulk_ab.log"
-  done
-done
+bash $L/host_ab.sh "$PWD/$L/old_tree" 3 "$OUT/host_bulk_ab.log" --rows 512
 echo "== new, rows 8" | tee -a "$OUT/host_bulk_ab.log"
 timeout 45 python3 $L/host_launch_probe.py --rows 8 2>&1 | grep -v Warning | tail -3 \
   | tee -a "$OUT/host_bulk_ab.log"
