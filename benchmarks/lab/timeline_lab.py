@@ -38,6 +38,7 @@ PLAN = [
 
 PRELUDE = f"""
 __device__ unsigned long long an_tl[{MAX_BLOCKS * W}];
+__device__ unsigned long long an_tx[{MAX_BLOCKS * 128}];  // cluster exchange: (before, after) a tile
 __device__ __forceinline__ unsigned long long an_now() {{
   unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }}
@@ -50,6 +51,7 @@ ENTRY = f"""
   }}
 """
 WAIT = "    mbar_wait(&bars[s], (unsigned)((k / S) & 1));\n"
+XWAIT = "    mbar_wait(&xbar[xb], (unsigned)((k >> 1) & 1));\n"
 
 
 def instrument(source: str) -> str:
@@ -69,6 +71,10 @@ def instrument(source: str) -> str:
             f" an_tl[blockIdx.x * {W} + {W - 1}] = k + 1; }}\n"
         )
         src = src.replace(WAIT, stamped)
+    if XWAIT in src:  # session 15: what a clustered kernel's exchange costs a tile
+        src = src.replace(XWAIT, (
+            "    if (tid == 0 && k < 64) an_tx[blockIdx.x * 128 + 2 * k] = an_now();\n" + XWAIT
+            + "    if (tid == 0 && k < 64) an_tx[blockIdx.x * 128 + 2 * k + 1] = an_now();\n"))
     end = src.rstrip().rfind("}")
     exit_stamp = f"  if (threadIdx.x == 0) an_tl[blockIdx.x * {W} + 1] = an_now();\n"
     return src[:end] + exit_stamp + src[end:]
@@ -112,6 +118,7 @@ def run(dtype: str, hidden: int, label: str, flush, runs: int, tree: str = "") -
         out[f"{variant}_regs"] = k.attributes.get("num_regs")
         times = []
         stamps = []
+        xstamps = []
         for _ in range(runs):
             flush()
             s, e = cupy.cuda.Event(), cupy.cuda.Event()
@@ -127,10 +134,14 @@ def run(dtype: str, hidden: int, label: str, flush, runs: int, tree: str = "") -
                 arr = cupy.ndarray((MAX_BLOCKS * W,), cupy.uint64, g)
                 stamps.append(arr[: grid * W].reshape(grid, W).get())
                 arr[:] = 0
+                gx = cupy.ndarray((MAX_BLOCKS * 128,), cupy.uint64, mod.get_global("an_tx"))
+                xstamps.append(gx[: grid * 128].reshape(grid, 128).get())
+                gx[:] = 0
         out[f"{variant}_us"] = times
         if variant == "stamped":
             pick = sorted(range(runs), key=lambda i: times[i])[runs // 2]
             out.update(analyse(stamps[pick], x.nbytes, grid, config))
+            out.update(analyse_exchange(stamps[pick], xstamps[pick]))
     return out
 
 
@@ -237,6 +248,26 @@ def analyse(st: np.ndarray, xbytes: int, grid: int, config: KernelConfig) -> dic
     return res
 
 
+def analyse_exchange(st: np.ndarray, sx: np.ndarray) -> dict:
+    """Per tile of a clustered kernel: stats (tile landed -> exchange), the exchange's wait, and
+    the rest (exchange done -> next tile's wait: normalize, store, refill)."""
+    if not sx.any():
+        return {}
+    stats, xwait, rest = [], [], []
+    for blk in range(st.shape[0]):
+        n = min(int(st[blk, W - 1]), 64)
+        landed = st[blk, 3:3 + 2 * n:2].astype(np.int64)
+        nxt = st[blk, 2:2 + 2 * n:2].astype(np.int64)
+        xb = sx[blk, 0:2 * n:2].astype(np.int64)
+        xa = sx[blk, 1:2 * n:2].astype(np.int64)
+        ok = (xb > 0) & (xa > 0)
+        stats += list((xb - landed)[ok] / 1e3)
+        xwait += list((xa - xb)[ok] / 1e3)
+        rest += list((nxt[1:] - xa[:-1])[ok[:-1]] / 1e3)
+    q = lambda v: [float(np.median(v)), float(np.percentile(v, 90)), float(np.sum(v) / st.shape[0])]  # noqa: E731
+    return {"x_stats_us": q(stats), "x_wait_us": q(xwait), "x_rest_us": q(rest)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/out")
@@ -244,6 +275,7 @@ def main() -> None:
     ap.add_argument("--tree", default="", help="'dyn' renders the bulk kernels from templates_dyn; "
                     "a directory renders them from that template tree")
     ap.add_argument("--only", default="", help="comma-separated hidden sizes to run")
+    ap.add_argument("--configs", default="", help="dtype:hidden:label,... in place of PLAN")
     ap.add_argument("--copy", action="store_true",
                     help="also a stamped copy of the 2^26 bf16 elements' bytes (event vs span)")
     args = ap.parse_args()
@@ -255,7 +287,8 @@ def main() -> None:
         print("copy (128 MiB read + 128 MiB written, as bf16 at 2^26 elements): " + json.dumps(rec), flush=True)
         records.append({"copy": rec})
     only = {int(h) for h in args.only.split(",") if h}
-    for dtype, hidden, label in PLAN:
+    plan = [(d, int(h), lab) for d, h, lab in (c.split(":") for c in args.configs.split(",") if c)]
+    for dtype, hidden, label in plan or PLAN:
         if (only and hidden not in only) or (args.tree and "bulk" not in label):
             continue
         rec = run(dtype, hidden, label, lambda: buf.sum(), args.runs, args.tree)
@@ -264,7 +297,8 @@ def main() -> None:
               f"{rec['stamped_regs']}: plain {statistics.median(rec['plain_us']):.1f} us, stamped "
               f"{statistics.median(rec['stamped_us']):.1f} us, span {rec['span_us']:.1f}")
         for key in ("entry_us", "exit_us", "tiles_per_block", "first_arrival_us",
-                    "steady_wait_us", "steady_work_us", "wait_share"):
+                    "steady_wait_us", "steady_work_us", "wait_share",
+                    "x_stats_us", "x_wait_us", "x_rest_us"):
             if key in rec:
                 v = rec[key]
                 print(f"  {key:18s} " + (" ".join(f"{a:.2f}" for a in v) if isinstance(v, list)
