@@ -331,9 +331,9 @@ def bulk_occupancy(
 ) -> tuple[int, bool]:
     """Blocks per SM the bulk-copy kernel is built for, and whether it holds weights in registers.
 
-    Shared memory (the stages) and threads decide how many blocks fit an SM; weight and bias
-    stay in registers (4 per 16-byte vector each) when that costs no block of that occupancy,
-    and the ``__launch_bounds__`` minimum is the largest count the register need allows.
+    Shared memory (the stages) and threads decide how many blocks fit an SM, and the kernel's
+    register need may allow fewer; the ``__launch_bounds__`` minimum is the count reached. Weight
+    and bias stay in registers (4 per 16-byte vector each) when that costs no block of it.
     """
     smem = smem_bytes(config, problem)
     by_smem = device.smem_per_sm // (smem + 1024)  # the driver reserves 1 KB per block
@@ -363,11 +363,15 @@ def bulk_occupancy(
         per_quarter = -(-(warps * blocks) // 4)
         return need <= 255 and per_quarter * 32 * need <= device.regs_per_sm // 4
 
-    wreg = affine > 0 and iters <= BULK_MAX_WEIGHT_ITERS and fits(with_weights, target)
-    need = with_weights if wreg else base
+    # The blocks the kernel's own registers allow, then weights in registers if they fit there.
+    # Deciding the weights at the target instead (shared memory's count, which the registers may
+    # not reach) ran t256 c2 s2 at bf16 32768 with 2 blocks and its weights read from L1 every
+    # row: x0.984 of the same kernel with them in registers; t256 c4 s2 at bf16 65536 x0.956
+    # (H200, single launches; NOTES.md 77).
     blocks = target
-    while blocks > 1 and not fits(need, blocks):
+    while blocks > 1 and not fits(base, blocks):
         blocks -= 1
+    wreg = affine > 0 and iters <= BULK_MAX_WEIGHT_ITERS and fits(with_weights, blocks)
     return blocks, wreg
 
 
@@ -805,7 +809,10 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
         rows = 1
         if cluster == 1:
             rows = max(1, min(16, 2 ** int(math.log2(max(1, 32768 // seg_bytes)))))
-        for threads in (512, 1024, 256):
+        # 256 before 1024: two 256-thread blocks an SM overlap one block's row sums and exchange
+        # with the other's passes (t256 c4 at bf16 65536 x1.013-1.018 of the t512 c2 winner,
+        # fp32 32768 x1.010; NOTES.md 77), and the cap of MAX_BULK_SEEDS cut them off.
+        for threads in (512, 256, 1024):
             for stages in (2, 3):
                 cfg = KernelConfig(threads, vec, rows, "bulk", "two_pass", cluster, 0, stages)
                 if cfg not in seeds and not check(cfg, problem, device):

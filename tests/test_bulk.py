@@ -213,6 +213,18 @@ def test_weights_in_registers_for_large_clustered_rows():
     assert bulk_occupancy(cfg, problem) == (1, True)  # 128 KB of stages: one block anyway
 
 
+def test_weights_in_registers_decided_at_the_blocks_reached():
+    # 32 KB segments x 2 stages at 256 threads: shared memory would allow 3 blocks, the kernel's
+    # own registers 2; at 2 blocks weight and bias fit in registers too, so they are held there
+    # (deciding at 3 left them in L1: x0.984 on the H200, NOTES.md 77).
+    problem = Problem(32768, "bfloat16")
+    cfg = KernelConfig(256, 8, 1, "bulk", "two_pass", 2, 0, 2)
+    assert check(cfg, problem) == []
+    assert H200.smem_per_sm // (smem_bytes(cfg, problem) + 1024) == 3
+    assert bulk_occupancy(cfg, problem) == (2, True)
+    assert "Vec wr[ITERS]" in render(cfg, problem).source
+
+
 def test_no_weights_in_registers_where_occupancy_would_drop():
     # 16 KB tiles x 3 stages at 256 threads: shared memory allows 4 blocks per SM; weight and
     # bias in registers would need more registers than 4 blocks of 256 threads have.
@@ -302,6 +314,12 @@ def test_bulk_seeds_exist_where_the_lab_found_winners():
         assert {c.stages for c in seeds} <= {2, 3}
     assert any(c.cluster == 2 for c in bulk_seed_configs(Problem(65536, "bfloat16")))
     assert any(c.cluster == 4 for c in bulk_seed_configs(Problem(65536, "float32")))
+    # Two 256-thread blocks an SM with a finer cluster (NOTES.md 77's winners) are seeded.
+    for problem, cluster in ((Problem(65536, "bfloat16"), 4), (Problem(32768, "float32"), 4),
+                             (Problem(32768, "bfloat16"), 2)):
+        seeds = bulk_seed_configs(problem)
+        assert any(c.threads == 256 and c.cluster == cluster for c in seeds), problem
+        assert all(bulk_occupancy(c, problem)[0] == 2 for c in seeds if c.threads == 256)
 
 
 # --------------------------------------------------------------------------- rendering
