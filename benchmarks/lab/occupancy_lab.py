@@ -12,6 +12,9 @@ registers then allow only 2: such a config runs 2 blocks with weights read from 
 winner first, then the candidates, verified and timed interleaved (``lab_eval.compare``).
 
     python benchmarks/lab/occupancy_lab.py --out $OUT [--offline]
+
+Since NOTES.md 77 the product decides the weights this way, so ``changed`` is False everywhere
+and the lab times only the product's kernels.
 """
 
 from __future__ import annotations
