@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 16, call C (~5 min): A/B of guarded one-pass statistics for 16-bit rows (working tree's
-# templates) against HEAD's two-pass (benchmarks/lab/templates_base, from git archive HEAD), the
+# templates) against HEAD's two-pass (benchmarks/lab/templates_base: git archive 4c02b7c templates), the
 # same configs, verified, interleaved.
 set -u
 mkdir -p "$OUT"
