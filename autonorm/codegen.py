@@ -128,6 +128,29 @@ def holds_fp32_tile(config_: KernelConfig, problem: Problem) -> bool:
     )
 
 
+def fuses_passes(config_: KernelConfig, problem: Problem) -> bool:
+    """Whether a 16-bit two-pass kernel takes both of its sums in one pass.
+
+    The kernel sums x - shift and its squares through one reduction and takes the centred sum of
+    squares as s2 - s1 * mean. That cancels log2(s2 / M2) bits, so where it would cancel over 4
+    (the shift, the row's first element, more than 3.9 spreads from the mean; the verifier's
+    outlier rows) the kernel runs the second pass over its cached row after all. A 16-bit output
+    keeps 8 or 11 bits, so the 4 lost fp32 bits never reach it; fp32 rows keep the corrected
+    two-pass. The test must come out the same in every thread that reduces together: a row's
+    threads see the same totals, but a cluster's barrier spans every row of its blocks, so
+    clusters of multi-row blocks keep two passes.
+
+    A/B on the H200, same configs, interleaved (NOTES.md 80): the shipped 16-bit winners at
+    4096-16384 x1.002-1.018, other register and shared-memory configs x1.01-1.11. The bulk
+    kernel keeps two passes: its deferred refill waits behind the first row sum's barrier, which
+    fusing moves behind the heavier fused pass, and a 2-stage tile at bf16 32768 ran x0.89.
+    """
+    return (
+        config_.cache != "bulk" and problem.itemsize == 2 and config_.stats == "two_pass"
+        and (config_.cluster == 1 or config_.rows_per_block == 1)
+    )
+
+
 # A shared-memory row cache is filled by cp.async (LDGSTS, compute capability 8.0+) when a thread
 # copies more than this many vectors per row: the plain fill stages them through registers four
 # at a time (``#pragma unroll 4``), so longer rows wait for several round trips, while cp.async
@@ -260,6 +283,7 @@ def render(
         "EVEN": shape.even,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config_.threads,
+        "ONE_PASS": fuses_passes(config_, problem),
         "min_blocks": min_blocks,
         "cache": config_.cache,
         "PREFETCH": prefetches(config_),

@@ -20,6 +20,7 @@ from autonorm.codegen import (
     LaunchPlan,
     code_version,
     fills_async,
+    fuses_passes,
     holds_fp32_row,
     kernel_name,
     render,
@@ -236,23 +237,46 @@ def test_stable_variants_shift_each_row(cache, stats):
             assert "xf - ws" in k.source
         elif dtype == "float32":
             assert "xf - shift" in k.source
-        else:  # 16-bit pass 1: each vector summed, then shifted once (NOTES.md 28)
-            assert "- (float)V * shift;" in k.source and "xf - shift" not in k.source
+        else:  # 16-bit: each vector summed, then shifted once (NOTES.md 28), fused with the
+            # squares of x - shift (codegen.fuses_passes, NOTES.md 80)
+            assert "- (float)V * shift;" in k.source
+            assert "s2 = fmaf(d, d, s2);" in k.source
+            assert "if (s1 * mean > 0.9375f * s2)" in k.source
         # fp32 outputs subtract the mean before scaling (offset rows, 1e-7); 16-bit outputs fold
-        # -mean * rstd into one fma on x - cshift; a two-pass over a row held as fp32 (fc) keeps
-        # pass 2's x - centre for it (cshift = centre).
+        # -mean * rstd into one fma on x - cshift; a fused two-pass over a row held as fp32 (fc)
+        # keeps its x - shift for it (cshift = shift).
         held = holds_fp32_row(k.config, problem)
         xf = "fc[it][k]" if held else "elem(xv, k)"
         if dtype == "float32":
             normalize = "(elem(xv, k) - cshift) - cmean"
         elif held and stats == "two_pass":
             normalize = "fmaf(fc[it][k], rstd, nmr)"
-            assert "fc[it][k] = d;" in k.source and "const float cshift = centre;" in k.source
+            assert "fc[it][k] = d;" in k.source and "const float cshift = shift;" in k.source
         else:
             normalize = f"fmaf({xf} - cshift, rstd, nmr)"
         assert normalize in k.source
         assert "DELIBERATELY UNSTABLE" not in k.source
         assert "const float shift = 0.f;" not in k.source
+
+
+def test_fused_two_pass_only_where_its_guard_is_uniform():
+    """16-bit two-pass kernels of the fwd template fuse their sums; fp32, bulk and clusters of
+    multi-row blocks (whose barrier spans rows that may disagree on the guard) keep two passes."""
+    bf16, fp32 = Problem(16384, "bfloat16"), Problem(16384, "float32")
+    fused = KernelConfig(threads=256, vec=8, cache="smem", stats="two_pass")
+    assert fuses_passes(fused, bf16)
+    assert not fuses_passes(dataclasses.replace(fused, vec=4), fp32)
+    assert not fuses_passes(dataclasses.replace(fused, stats="welford"), bf16)
+    assert not fuses_passes(dataclasses.replace(fused, cache="bulk", stages=2), bf16)
+    clustered = dataclasses.replace(fused, cluster=2)
+    assert fuses_passes(clustered, bf16)  # one row a block: the cluster shares one row's totals
+    assert not fuses_passes(dataclasses.replace(clustered, rows_per_block=2), bf16)
+    for cfg, problem in [(fused, bf16), (dataclasses.replace(fused, vec=4), fp32),
+                         (dataclasses.replace(fused, cache="bulk", stages=2), bf16)]:
+        src = render(cfg, problem, H200).source
+        # the guard and its second pass exist exactly where the passes are fused
+        assert ("if (s1 * mean > 0.9375f * s2)" in src) == fuses_passes(cfg, problem)
+        assert ("const float centre = shift + mean;" in src) != fuses_passes(cfg, problem)
 
 
 @pytest.mark.parametrize("stats", ["welford", "two_pass"])
@@ -317,12 +341,13 @@ def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
                         ("float32", None)):
         problem = Problem(8192, dtype)
         vec = 16 // problem.itemsize
-        src = render(KernelConfig(threads=256, vec=vec, stats="two_pass", **cache), problem,
-                     H200).source
+        cfg = KernelConfig(threads=256, vec=vec, stats="two_pass", **cache)
+        src = render(cfg, problem, H200).source
         if pair:
             assert f"= {pair}(o[k], o[k + 1]);" in src
             assert "const float nmr = -cmean * rstd;" in src
-            assert "const float centre = shift + mean;" in src
+            # two passes centre pass 2 on shift + mean; fused ones stay about the shift
+            assert ("const float centre = shift + mean;" in src) != fuses_passes(cfg, problem)
         else:
             assert "__floats2" not in src and "nmr" not in src
             assert "- cshift) - cmean) * rstd;" in src
