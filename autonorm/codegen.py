@@ -143,7 +143,9 @@ def fuses_passes(config_: KernelConfig, problem: Problem) -> bool:
     A/B on the H200, same configs, interleaved (NOTES.md 80): the shipped 16-bit winners at
     4096-16384 x1.002-1.018, other register and shared-memory configs x1.01-1.11. The bulk
     kernel keeps two passes: its deferred refill waits behind the first row sum's barrier, which
-    fusing moves behind the heavier fused pass, and a 2-stage tile at bf16 32768 ran x0.89.
+    fusing moves behind the heavier fused pass, and a 2-stage tile at bf16 32768 ran x0.89; fused
+    with the refill behind a barrier of its own instead, its c1 winners at 16384-32768 ran
+    x0.98-0.99 and its c4 winners at 65536 x1.00-1.01 (NOTES.md 81).
     """
     return (
         config_.cache != "bulk" and problem.itemsize == 2 and config_.stats == "two_pass"
