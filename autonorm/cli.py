@@ -33,6 +33,8 @@ from autonorm.space import (
 )
 
 DEFAULT_ELEMENTS = 1 << 26
+# The names `--dtype` takes, for tables.
+_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 class DtypeParam(click.ParamType):
@@ -231,6 +233,7 @@ def store_path() -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def show(all_devices: bool, as_json: bool) -> None:
     """List tuned kernels: shape, configuration, time, GB/s and share of copy bandwidth."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -257,15 +260,19 @@ def show(all_devices: bool, as_json: bool) -> None:
             for s, w in rows
         ], indent=1))
         return
-    table = Table(title=f"autonorm tuned kernels ({'all GPUs' if device is None else device})")
+    table = Table(title=f"autonorm tuned kernels ({'all GPUs' if device is None else device})",
+                  box=box.SIMPLE_HEAD)
     for col in ("source", "GPU", "dtype", "hidden", "w/b", "rows<=", "config", "us", "GB/s",
                 "% copy"):
+        # The config label is what a user copies into `render` or `export`: never cut it.
         table.add_column(col, justify="right" if col in ("hidden", "rows<=", "us", "GB/s",
-                                                         "% copy") else "left")
+                                                         "% copy") else "left",
+                         no_wrap=True, min_width=len(col) if col != "config" else 32)
     for source, w in rows:
         m = w.metrics
         table.add_row(
-            source, w.key.device.split("|")[0], w.key.dtype, str(w.key.hidden),
+            source, w.key.device.split("|")[0].removeprefix("NVIDIA "),
+            _SHORT_DTYPES.get(w.key.dtype, w.key.dtype), str(w.key.hidden),
             f"{'w' if w.key.has_weight else '-'}{'b' if w.key.has_bias else '-'}",
             str(w.key.rows_bucket), KernelConfig.from_dict(w.config).label(),
             f"{m.get('median_us', 0):.1f}", f"{m.get('gbps', 0):.0f}",
@@ -274,7 +281,11 @@ def show(all_devices: bool, as_json: bool) -> None:
     if not rows:
         click.echo("no tuned kernels yet: run `autonorm tune --hidden N` on a GPU", err=True)
         return
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        # Piped or redirected: whole rows rather than a table folded to 80 columns.
+        console = Console(width=max(console.width, 132))
+    console.print(table)
 
 
 @main.command()

@@ -158,6 +158,27 @@ def test_show_empty(runner, monkeypatch):
     assert "no tuned kernels" in result.output
 
 
+def test_show_prints_whole_rows_when_piped(runner, tmp_path):
+    """Piped output (CliRunner is not a terminal) keeps each config label whole, one row a line."""
+    configs = [KernelConfig(256, 8, 2, "registers", "two_pass", 1, 0),
+               KernelConfig(512, 8, 1, "bulk", "two_pass", 4, 0, stages=2)]
+    with TuningDB(tmp_path / "user.db") as store:
+        for hidden, config in zip((4096, 65536), configs, strict=True):
+            key = TuningKey(
+                device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
+                version=codegen.code_version(), dtype="bfloat16", hidden=hidden,
+                has_weight=True, has_bias=True, rows_bucket=1024,
+            )
+            store.set_winner(key, config.to_dict(), {"median_us": 70.5, "gbps": 3811.0,
+                                                      "share": 0.91})
+    result = runner.invoke(cli.main, ["show", "--all-devices"])
+    assert result.exit_code == 0, result.output
+    for hidden, config in zip((4096, 65536), configs, strict=True):
+        line = next(ln for ln in result.output.splitlines() if config.label() in ln)
+        assert f" {hidden} " in line and "bf16" in line and "H200" in line and "91.0" in line
+    assert "…" not in result.output
+
+
 def test_show_all_devices_json(runner, tmp_path):
     key = TuningKey(
         device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
