@@ -195,7 +195,8 @@ def tune(
         )
         if result.best is None or result.timing is None:
             raise click.ClickException(
-                f"no candidate passed verification ({result.failures}); nothing stored"
+                f"no candidate passed verification ({describe_failures(result.failures)}); "
+                "nothing stored"
             )
         t = result.timing
         copy_gbps = t.copy_gbps or evaluator.copy_gbps
@@ -216,9 +217,21 @@ def tune(
         f"winner{kept}: {result.best.label()}\n"
         f"  {t.median_us:.1f} us  {t.gbps:.0f} GB/s  {t.share * 100:.1f}% of copy bandwidth "
         f"({copy_gbps:.0f} GB/s)  cv {t.cv:.3f}\n"
-        f"  {result.evaluated} candidates measured, failures {result.failures or 'none'}; "
+        f"  {result.evaluated} candidates measured ({describe_failures(result.failures)}); "
         f"tuned in {elapsed:.1f} s; stored in {store_path()}"
     )
+
+
+def describe_failures(failures: dict[str, int]) -> str:
+    """Say what the search skipped and what failed, in words (tuner.TuneResult.failures)."""
+    words = {"compile": "failed to compile", "launch": "failed at launch",
+             "verification": "failed verification"}
+    failed = [f"{n} {words.get(kind, kind)}" for kind, n in failures.items()
+              if kind != "invalid" and n]
+    parts = [f"{failures['invalid']} invalid configurations skipped"] if failures.get(
+        "invalid") else []
+    parts.append(", ".join(failed) if failed else "none failed")
+    return "; ".join(parts)
 
 
 def store_path() -> Path:

@@ -179,6 +179,15 @@ def test_show_prints_whole_rows_when_piped(runner, tmp_path):
     assert "…" not in result.output
 
 
+def test_tune_summary_says_its_failures_in_words():
+    assert cli.describe_failures(
+        {"invalid": 92, "compile": 0, "launch": 0, "verification": 0}
+    ) == "92 invalid configurations skipped; none failed"
+    assert cli.describe_failures({"invalid": 0, "compile": 2, "launch": 0, "verification": 1}) == (
+        "2 failed to compile, 1 failed verification")
+    assert cli.describe_failures({}) == "none failed"
+
+
 def test_show_all_devices_json(runner, tmp_path):
     key = TuningKey(
         device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
