@@ -19,6 +19,7 @@ from autonorm.space import (
     CLUSTERS,
     MAX_REGS,
     ROWS_PER_BLOCK,
+    SHORT_DTYPES,
     STAGES,
     STATS,
     THREADS,
@@ -33,8 +34,6 @@ from autonorm.space import (
 )
 
 DEFAULT_ELEMENTS = 1 << 26
-# The names `--dtype` takes, for tables.
-_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 class DtypeParam(click.ParamType):
@@ -285,7 +284,7 @@ def show(all_devices: bool, as_json: bool) -> None:
         m = w.metrics
         table.add_row(
             source, w.key.device.split("|")[0].removeprefix("NVIDIA "),
-            _SHORT_DTYPES.get(w.key.dtype, w.key.dtype), str(w.key.hidden),
+            SHORT_DTYPES.get(w.key.dtype, w.key.dtype), str(w.key.hidden),
             f"{'w' if w.key.has_weight else '-'}{'b' if w.key.has_bias else '-'}",
             str(w.key.rows_bucket), KernelConfig.from_dict(w.config).label(),
             f"{m.get('median_us', 0):.1f}", f"{m.get('gbps', 0):.0f}",

@@ -36,6 +36,7 @@ from autonorm.codegen import (
 from autonorm.db import TuningDB, TuningKey, Winner
 from autonorm.space import (
     H200,
+    SHORT_DTYPES,
     DeviceLimits,
     KernelConfig,
     Problem,
@@ -51,7 +52,6 @@ SOURCE_TEMPLATE = "export_launcher.cu.j2"
 MANIFEST_FORMAT = 1
 
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-_SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 # nvcc diagnostics the kernel source triggers by design (as autonorm.compiler suppresses them).
@@ -125,7 +125,7 @@ def default_basename(problem: Problem) -> str:
     A problem without weight or bias gets ``_noweight`` / ``_nobias`` appended, so the variants
     of one hidden size can live in one directory and link into one program.
     """
-    name = f"autonorm_ln_{_SHORT_DTYPES[problem.dtype]}_h{problem.hidden}"
+    name = f"autonorm_ln_{SHORT_DTYPES[problem.dtype]}_h{problem.hidden}"
     if not problem.has_weight:
         name += "_noweight"
     if not problem.has_bias:

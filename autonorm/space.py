@@ -33,6 +33,8 @@ DTYPE_ALIASES: dict[str, str] = {
     "fp16": "float16", "f16": "float16", "half": "float16", "float16": "float16",
     "bf16": "bfloat16", "bfloat16": "bfloat16",
 }
+# The short name of each dtype (kernel names, tables).
+SHORT_DTYPES: dict[str, str] = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 THREADS = (32, 64, 128, 256, 512, 1024)
 VECS = (1, 2, 4, 8)
