@@ -227,8 +227,9 @@ def describe_failures(failures: dict[str, int]) -> str:
              "verification": "failed verification"}
     failed = [f"{n} {words.get(kind, kind)}" for kind, n in failures.items()
               if kind != "invalid" and n]
-    parts = [f"{failures['invalid']} invalid configurations skipped"] if failures.get(
-        "invalid") else []
+    parts = []
+    if failures.get("invalid"):
+        parts.append(f"{failures['invalid']} invalid configurations skipped")
     parts.append(", ".join(failed) if failed else "none failed")
     return "; ".join(parts)
 
