@@ -34,6 +34,22 @@ GRAPH_BELOW_S = 30e-6  # kernels shorter than this are timed from a CUDA graph
 # it, the launch's fixed cost (and the event's resolution) would outweigh the kernels' difference.
 SINGLE_FROM_S = 10e-6
 FLUSH_L2_MULTIPLE = 4  # the flush reads this many times the L2
+# The finals' reference copy moves the problem's bytes rounded to a MiB, as the peers benchmark
+# does. cudaMemcpy's rate depends on the size's last few KiB: on the H200, 2^27 bytes plus the
+# 1.5-2 KiB of a 16-bit weight and bias at hidden 768-1024 copied at 3,949-3,960 GB/s against
+# 4,153-4,170 at 2^27 and at 2^27 + 4-32 KiB (fp32: 4,122-4,130 against 4,215-4,239), which put
+# the tuner's shares at up to 103.8% there (NOTES.md 89).
+COPY_ROUND_BYTES = 1 << 20
+
+
+def copy_buffer_bytes(nbytes: int) -> int:
+    """Bytes of the buffer whose copy the finals' share is taken of, for ``nbytes`` moved.
+
+    Half of ``nbytes`` (a copy reads and writes its buffer) to the nearest MiB, at least one.
+    """
+    half = nbytes // 2
+    rounded = (half + COPY_ROUND_BYTES // 2) // COPY_ROUND_BYTES * COPY_ROUND_BYTES
+    return max(COPY_ROUND_BYTES, rounded)
 
 
 def bytes_moved(rows: int, hidden: int, itemsize: int, affine_tensors: int) -> int:
@@ -187,14 +203,15 @@ def _flush_buffer(device_id: int, nbytes: int) -> Any:
 
 @functools.cache
 def single_copy_gbps(device_id: int, nbytes: int, flush_bytes: int) -> float:
-    """Copy bandwidth of ``nbytes`` moved (read + written), timed by :func:`time_single_launches`.
+    """Copy bandwidth for a problem moving ``nbytes``, timed by :func:`time_single_launches`.
 
-    The finals' share divides by this, a copy of the problem's own bytes timed the same way.
+    The finals' share divides by this: a copy of the problem's own bytes (to a MiB,
+    :func:`copy_buffer_bytes`) timed the same way.
     """
     import cupy
 
     with cupy.cuda.Device(device_id):
-        src = cupy.ones(max(nbytes // 8, 1), dtype=cupy.float32)
+        src = cupy.ones(copy_buffer_bytes(nbytes) // 4, dtype=cupy.float32)
         timing = time_single_launches(_copy_launch(src), 2 * src.nbytes, 1,
                                       flush_bytes=flush_bytes, samples=30)
     return timing.gbps

@@ -1,0 +1,31 @@
+"""The timing protocol's pure parts (no GPU): the bytes a problem moves, its reference copy."""
+
+from __future__ import annotations
+
+import pytest
+
+from autonorm import bench
+
+
+def test_bytes_moved_counts_x_y_and_each_affine_tensor_once() -> None:
+    assert bench.bytes_moved(4096, 16384, 2, 2) == 2 * 4096 * 16384 * 2 + 2 * 16384 * 2
+    assert bench.bytes_moved(4096, 16384, 4, 0) == 2 * 4096 * 16384 * 4
+
+
+@pytest.mark.parametrize(("hidden", "itemsize"), [(768, 2), (1024, 2), (2048, 2), (768, 4),
+                                                  (1024, 4), (16384, 4)])
+def test_reference_copy_of_the_grid_is_x_alone(hidden: int, itemsize: int) -> None:
+    # 2^26 elements: x is 2^27 or 2^28 bytes; weight and bias (a few KiB) must not set the
+    # copy's size, where cudaMemcpy ran 2-5% slower (NOTES.md 89).
+    rows = (1 << 26) // hidden
+    nbytes = bench.bytes_moved(rows, hidden, itemsize, 2)
+    assert bench.copy_buffer_bytes(nbytes) == (1 << 26) * itemsize
+
+
+def test_reference_copy_is_whole_mebibytes_within_half_a_mebibyte() -> None:
+    mib = bench.COPY_ROUND_BYTES
+    for nbytes in (2 * 5461 * 12288 * 2 + 4 * 12288, 3 * mib + 17, 123_456_789):
+        size = bench.copy_buffer_bytes(nbytes)
+        assert size % mib == 0
+        assert abs(size - nbytes // 2) <= mib // 2
+    assert bench.copy_buffer_bytes(1000) == mib  # never an empty copy
