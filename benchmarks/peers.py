@@ -81,8 +81,9 @@ EPS = 1e-5
 DEVICE = "cuda"  # a module constant so a CPU dry run can patch it
 COPY_BYTES = 2**28  # the fixed reference copy's buffer (2^29 bytes moved)
 # Copies are timed at x's size rounded to a MiB: sizes a few KiB apart (hidden 768 and 12288
-# do not divide 2^26) would each get a copy of their own, with its own noise, for no difference
-# in rate.
+# do not divide 2^26) would each get a copy of their own, with its own noise, and cudaMemcpy's
+# rate depends on a size's last few KiB (NOTES.md 89). The tuner's finals round the same way
+# (autonorm.bench.copy_buffer_bytes; not imported here: --selftest runs without autonorm).
 COPY_ROUND = 2**20
 FLUSH_BYTES = 256 * 2**20  # over 4x the H200's 60 MB L2, as do_bench's flush buffer
 FLUSHES = ("read", "zero")  # primary first
