@@ -13,12 +13,12 @@ Run on the GPU machine: ``python benchmarks/lab/copy_size_lab.py --out $OUT``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 import cupy
+import lab_eval
 
 from autonorm import bench
 
@@ -31,10 +31,7 @@ for itemsize, tag in ((2, "16-bit"), (4, "fp32")):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/out")
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args()
+    args = lab_eval.lab_arguments(offline=False).parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = cupy.cuda.runtime.getDeviceProperties(0)

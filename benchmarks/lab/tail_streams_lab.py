@@ -17,12 +17,12 @@ Run on the GPU machine: ``python benchmarks/lab/tail_streams_lab.py --out $OUT``
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 import cupy
+import lab_eval
 
 from autonorm import codegen, compiler, dispatch
 from autonorm.space import KernelConfig, Problem
@@ -40,10 +40,9 @@ CUPY_DTYPE = {"bfloat16": cupy.uint16, "float16": cupy.float16, "float32": cupy.
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/out")
+    ap = lab_eval.lab_arguments(offline=False)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.set_defaults(rounds=3)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
