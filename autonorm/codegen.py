@@ -48,6 +48,11 @@ _FROM_FLOAT = {
 }
 # Two fp32 values to one 32-bit pair of a 16-bit type, in one conversion instruction.
 _FROM_FLOAT2 = {"float32": "", "float16": "__floats2half2_rn", "bfloat16": "__floats2bfloat162_rn"}
+# Tiles per cluster from which the bulk kernel takes its tiles through the counter (the dynamic
+# schedule) instead of round-robin. The counter costs a launch ~1 us (H200, graphs of back-to-back
+# launches, benchmarks/NOTES.md 91): at 1-4 tiles a cluster the dynamic schedule ran x0.87-0.96
+# of the static one, at 6 x0.96-1.01, at 8 x0.99-1.03, at 12-32 x1.01-1.06.
+DYNAMIC_MIN_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,17 @@ class LaunchPlan:
         elif self.blocks_per_sm:
             clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))
         return clusters * self.cluster
+
+    def uses_counter(self, rows: int, grid: int) -> bool:
+        """Whether a launch of ``grid`` blocks over ``rows`` rows takes the dynamic schedule.
+
+        Only the bulk-copy kernel (a ``resident`` plan) has one, and it pays only from
+        ``DYNAMIC_MIN_TILES`` tiles a cluster; below that the launch passes no counter.
+        """
+        if not self.resident:
+            return False
+        tiles = -(-rows // self.rows_per_block)
+        return tiles >= DYNAMIC_MIN_TILES * max(1, grid // self.cluster)
 
 
 @dataclass(frozen=True)

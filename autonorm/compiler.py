@@ -232,7 +232,8 @@ class CompiledKernel:
         self._function = function
         self._sm_count = sm_count
         self._device_id = device_id
-        # The bulk-copy kernel hands out its tiles through a per-stream counter (workspace).
+        # The bulk-copy kernel can hand out its tiles through a counter (workspace); whether a
+        # launch does is plan.uses_counter's answer for its rows.
         self.schedules_dynamically = rendered.config.cache == "bulk"
         self._block = (self.plan.threads, 1, 1)
         self._smem = self.plan.smem_bytes
@@ -241,7 +242,8 @@ class CompiledKernel:
         self.resident_clusters = (
             resident_clusters(function, self.plan, sm_count) if self.plan.resident else None
         )
-        self._last_grid = (0, 0)  # (rows, grid) of the last launch that computed its grid
+        # (rows, grid, uses_counter) of the last launch that computed its grid.
+        self._last_grid: tuple[int, int, bool] = (0, 0, False)
 
     def grid(self, rows: int) -> int:
         """Blocks launched for ``rows`` rows."""
@@ -273,30 +275,33 @@ class CompiledKernel:
                 the grid-stride loop); must be a multiple of the cluster size.
             work_ptr: the bulk-copy kernel's tile counter (zeroed, not shared with a launch that
                 may overlap this one; 0 takes the static schedule); None takes the stream's own
-                (:func:`autonorm.workspace.counter_for`). Other kernels ignore it.
+                (:func:`autonorm.workspace.counter_for`). Used only where the launch has tiles
+                enough for the dynamic schedule to pay (``LaunchPlan.uses_counter``); other
+                launches and other kernels pass none.
 
         """
         if rows <= 0:
             return
         if grid is None:
-            # The last row count's grid (one tuple, so threads never see a torn pair): a hot
-            # caller launches the same shape again, and plan.grid costs ~0.2 us.
-            last_rows, last_grid = self._last_grid
-            if rows == last_rows:
-                grid = last_grid
-            else:
+            # The last row count's grid and schedule (one tuple, so threads never see a torn
+            # one): a hot caller launches the same shape again, and plan.grid costs ~0.2 us.
+            last_rows, grid, dynamic = self._last_grid
+            if rows != last_rows:
                 grid = self.plan.grid(rows, self._sm_count, self.resident_clusters)
-                self._last_grid = (rows, grid)
-        if work_ptr is None:
-            work_ptr = 0
-            if self.schedules_dynamically:
-                if stream_ptr is None:
-                    import cupy
+                dynamic = self.plan.uses_counter(rows, grid)
+                self._last_grid = (rows, grid, dynamic)
+        else:
+            dynamic = self.plan.uses_counter(rows, grid)
+        if not dynamic:
+            work_ptr = 0  # few tiles a cluster: the static schedule is faster (codegen)
+        elif work_ptr is None:
+            if stream_ptr is None:
+                import cupy
 
-                    counter_stream = cupy.cuda.get_current_stream().ptr
-                else:
-                    counter_stream = stream_ptr
-                work_ptr = workspace.counter_for(self._device_id, counter_stream)
+                counter_stream = cupy.cuda.get_current_stream().ptr
+            else:
+                counter_stream = stream_ptr
+            work_ptr = workspace.counter_for(self._device_id, counter_stream)
         if self._driver is not None and stream_ptr is not None:
             code = self._driver(
                 grid, self._block[0], self._smem, stream_ptr, x_ptr, w_ptr, b_ptr, y_ptr, rows,

@@ -27,6 +27,7 @@ from typing import Any
 
 from autonorm import workspace
 from autonorm.codegen import (
+    DYNAMIC_MIN_TILES,
     LaunchPlan,
     RenderedKernel,
     code_version,
@@ -228,6 +229,7 @@ def render_export(
         "blocks_per_sm": plan.blocks_per_sm,
         "resident": plan.resident,
         "workspace_bytes": workspace_bytes,
+        "dynamic_min_tiles": DYNAMIC_MIN_TILES,
         "grid_rule": grid_rule,
         "smem_default_limit": _SMEM_DEFAULT_LIMIT,
         "diag_suppress": _DIAG_SUPPRESS,

@@ -13,7 +13,7 @@ from fake_evaluator import FakeEvaluator, fake_median_us
 from optuna.trial import FixedTrial, TrialState
 
 from autonorm import tuner
-from autonorm.codegen import LaunchPlan, holds_fp32_tile, render
+from autonorm.codegen import DYNAMIC_MIN_TILES, LaunchPlan, holds_fp32_tile, render
 from autonorm.compiler import compile_offline, nvcc_path
 from autonorm.space import (
     BULK_MAX_ITERS,
@@ -275,6 +275,22 @@ def test_resident_grid_properties():
                             assert g // cluster <= tiles  # never more tiles than exist
                             cap = resident or max(1, sm * bps // cluster)
                             assert g // cluster == min(tiles, cap)
+
+
+def test_the_counter_only_from_enough_tiles_a_cluster():
+    n = DYNAMIC_MIN_TILES
+    plan = resident_plan(4, 1, 2)  # 66 clusters of 4 on 132 SMs
+    grid = plan.grid(1 << 20, 132)
+    assert plan.uses_counter(n * 66, grid)
+    assert not plan.uses_counter(n * 66 - 1, grid)
+    assert plan.uses_counter(n * 30, 120)  # 30 clusters resident: the grid's clusters count
+    assert not plan.uses_counter(n * 66 - 1, 264)
+    rows4 = resident_plan(1, 4, 1)  # tiles of 4 rows
+    assert rows4.uses_counter(4 * n * 132 - 3, 132)  # a ragged last tile counts as a tile
+    assert not rows4.uses_counter(4 * n * 132 - 4, 132)
+    assert not plan.uses_counter(1, plan.grid(1, 132))  # one tile: static
+    fwd = LaunchPlan(256, 0, 1, 1, 0)  # not the bulk kernel: never a counter
+    assert not fwd.uses_counter(1 << 20, 132)
 
 
 def test_rendered_bulk_plan():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from autonorm import compiler, export
-from autonorm.codegen import LaunchPlan, code_version, render
+from autonorm.codegen import DYNAMIC_MIN_TILES, LaunchPlan, code_version, render
 from autonorm.db import TuningDB, TuningKey
 from autonorm.device import DeviceInfo
 from autonorm.export import (
@@ -213,7 +213,10 @@ def test_the_workspace_launcher_passes_a_tile_counter_to_bulk_kernels_only(
     source = exported.source
     launch = source[source.index(f"{exported.kernel.name}<<<"):]
     launch = launch[:launch.index(";")]
-    assert launch.endswith("workspace)" if bulk else "nullptr)"), launch
+    assert launch.endswith("counter)" if bulk else "nullptr)"), launch
+    if bulk:  # the counter only where the dynamic schedule pays, as LaunchPlan.uses_counter
+        rule = f"unsigned int* counter = tiles >= {DYNAMIC_MIN_TILES}LL * clusters ? workspace"
+        assert rule in source
     # The plain launcher is the workspace one without a workspace: one launch path.
     assert source.count(f"{exported.kernel.name}<<<") == 1
     assert f"return {name}_forward_ws(x, weight, bias, y, rows, eps, nullptr, stream);" in source

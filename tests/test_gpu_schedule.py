@@ -2,8 +2,9 @@
 
 Each row's arithmetic does not depend on which block runs it, so the dynamic and the static
 schedule must write the same bits; the counter must be zero again after every launch; a counter
-left dirty must show (this is what makes the equality checks able to fail); a stream capturing
-a CUDA graph gets no counter; two streams running at once get one each.
+left dirty must show (this is what makes the equality checks able to fail); every launch
+captured into a CUDA graph gets a counter of its own, which its replays use and leave zeroed;
+two streams running at once get one each.
 """
 
 from __future__ import annotations
@@ -88,26 +89,82 @@ def test_a_dirty_counter_skips_tiles(config, hidden, dtype) -> None:  # noqa: AN
     assert _same_bits(_run(kernel, x, w, b, rows, work_ptr=counter.data.ptr), static)
 
 
-def test_capturing_stream_gets_no_counter_and_the_graph_is_right() -> None:
+@pytest.mark.parametrize(("config", "hidden", "dtype"), CASES[:3], ids=lambda v: str(v))
+def test_few_tiles_a_cluster_take_the_static_schedule(config, hidden, dtype) -> None:  # noqa: ANN001
+    from autonorm import workspace
+    from autonorm.codegen import DYNAMIC_MIN_TILES
+
+    # One tile a cluster fewer than the dynamic schedule needs (and a ragged last round).
+    kernel, x, w, b, rows = _setup(config, hidden, dtype, rows_per_cluster=DYNAMIC_MIN_TILES - 1)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    counter = workspace.new_counter(0)
+    counter[0] = 5  # would skip five tiles if the launch used it (test_a_dirty_counter_skips_tiles)
+    assert _same_bits(_run(kernel, x, w, b, rows, work_ptr=counter.data.ptr), static)
+    assert counter.tolist() == [5, 0]  # left alone
+
+
+def _capture(kernel, x, w, b, ys, rows: int, stream):  # noqa: ANN001, ANN202
+    """A graph of one launch per output in ``ys``, captured on ``stream``, counters by default."""
+    with stream:
+        stream.begin_capture()
+        for y in ys:
+            kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr)
+        return stream.end_capture()
+
+
+def test_captured_launches_get_counters_of_their_own_and_replays_are_right(monkeypatch) -> None:  # noqa: ANN001
     import cupy
 
     from autonorm import workspace
 
+    # No page yet: the first captured launch makes one while the stream captures.
+    monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
     config, hidden, dtype = CASES[0]
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
     static = _run(kernel, x, w, b, rows, work_ptr=0)
     stream = cupy.cuda.Stream(non_blocking=True)
-    assert workspace.counter_for(0, stream.ptr) != 0
-    y = cupy.zeros_like(x)
-    with stream:
-        stream.begin_capture()
-        assert workspace.counter_for(0, stream.ptr) == 0
-        kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr)
-        graph = stream.end_capture()
-    graph.launch(stream)
+    own = workspace.counter_for(0, stream.ptr)
+    ys = [cupy.zeros_like(x) for _ in range(2)]
+    cupy.cuda.Device().synchronize()  # the zeroing ran on CuPy's stream, not on `stream`
+    graph = _capture(kernel, x, w, b, ys, rows, stream)
+    base, taken = workspace._OPEN_PAGE[0]  # noqa: SLF001
+    assert taken == 2 and own not in (base, base + workspace.COUNTER_BYTES)
+    page = cupy.ndarray((2 * taken,), cupy.uint32, cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(base, 8 * taken, workspace._PAGES[-1]), 0))  # noqa: SLF001
+    for _ in range(3):
+        graph.launch(stream)
+    stream.synchronize()
+    assert page.tolist() == [0] * (2 * taken)  # every replay leaves its counters zeroed
+    for y in ys:
+        assert _same_bits(y, static)
+    # The replays do read those counters: one left at 5 skips tiles, once.
+    with stream:  # on the graph's stream, so ordered before its replay
+        page[2] = 5
+        ys[1].fill(0)
     graph.launch(stream)
     stream.synchronize()
-    assert _same_bits(y, static)
+    assert _same_bits(ys[0], static) and not _same_bits(ys[1], static)
+    graph.launch(stream)
+    stream.synchronize()
+    assert _same_bits(ys[1], static)
+
+
+def test_graphs_replayed_at_once_on_two_streams_are_right() -> None:
+    import cupy
+
+    config, hidden, dtype = CASES[2]
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    static = _run(kernel, x, w, b, rows, work_ptr=0)
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    ys = [cupy.zeros_like(x) for _ in streams]
+    graphs = [_capture(kernel, x, w, b, [y], rows, s) for s, y in zip(streams, ys, strict=True)]
+    cupy.cuda.Device().synchronize()
+    for _ in range(4):  # the two graphs' replays overlap
+        for g, s in zip(graphs, streams, strict=True):
+            g.launch(s)
+    cupy.cuda.Device().synchronize()
+    for y in ys:
+        assert _same_bits(y, static)
 
 
 def test_concurrent_streams_each_get_their_own_counter() -> None:

@@ -777,6 +777,41 @@ def test_gpu_cuda_graph_capture_and_replay():
 
 
 @gpu
+def test_gpu_cuda_graph_of_bulk_kernels_takes_the_dynamic_schedule():
+    from autonorm import dispatch, workspace
+    from autonorm.space import Problem
+
+    torch.manual_seed(0)
+    dtype, hidden, rows = torch.bfloat16, 32768, 2048
+    kernel = dispatch.get_kernel(Problem(hidden, "bfloat16"), rows)
+    # The shipped DB's pick here is a bulk kernel, with tiles enough for the dynamic schedule.
+    assert kernel.plan.uses_counter(rows, kernel.grid(rows))
+    model = at.LayerNorm(hidden, device="cuda", dtype=dtype)
+    randomize_affine(model)
+    static_x = torch.randn(rows, hidden, device="cuda").to(dtype)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        before = dict(workspace._OPEN_PAGE)  # noqa: SLF001
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(static_x)
+        after = workspace._OPEN_PAGE[torch.cuda.current_device()]  # noqa: SLF001
+        assert after != before.get(torch.cuda.current_device())  # a captured launch's counter
+        for _ in range(3):
+            new = torch.randn(rows, hidden, device="cuda").to(dtype)
+            static_x.copy_(new)
+            static_y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            expected = F.layer_norm(new, (hidden,), model.weight, model.bias, model.eps)
+            torch.testing.assert_close(static_y, expected, **TOL[dtype])
+
+
+@gpu
 def test_gpu_torch_compile_no_graph_break_and_matches_eager():
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -1,9 +1,10 @@
 """CPU: which tile counter a launch gets (autonorm.workspace), with the driver's answer faked.
 
 The GPU side (the kernel's use of the counter, real capture, real streams) is in
-tests/test_gpu_schedule.py; here only the bookkeeping: a capturing stream, an unknown capture
-state and a missing driver get no counter (the static schedule), every stream gets its own, and
-the per-thread default stream gets one per thread.
+tests/test_gpu_schedule.py; here only the bookkeeping: an unknown or invalidated capture state
+and a missing driver get no counter (the static schedule), every stream gets its own, the
+per-thread default stream gets one per thread, and every launch being captured gets one that no
+other launch gets, from pages made as they run out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(workspace, "new_counter", new_counter)
     monkeypatch.setattr(workspace, "_COUNTERS", {})
+    monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
+    monkeypatch.setattr(workspace, "_PAGES", [])
+    return made
+
+
+@pytest.fixture
+def pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Fake pages of captured launches' counters: distinct base pointers, recorded by device."""
+    made: list[int] = []
+
+    def new_counter_page(device_id: int) -> SimpleNamespace:
+        made.append(device_id)
+        return SimpleNamespace(data=SimpleNamespace(ptr=0x100000 * len(made)))
+
+    monkeypatch.setattr(workspace, "new_counter_page", new_counter_page)
     return made
 
 
@@ -54,11 +70,41 @@ def test_no_driver_means_no_counter(monkeypatch: pytest.MonkeyPatch, allocations
     assert allocations == []
 
 
-@pytest.mark.parametrize(("code", "status"), [(0, 1), (0, 2), (900, 0)])
-def test_capturing_or_unknown_means_no_counter(monkeypatch, allocations, code, status) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("code", "status"), [(0, 2), (900, 0), (900, 1)])
+def test_invalidated_or_unknown_means_no_counter(monkeypatch, allocations, pages, code, status) -> None:  # noqa: ANN001, E501
     use_driver(monkeypatch, FakeDriver({0x55: (code, status)}))
     assert workspace.counter_for(0, 0x55) == 0
-    assert allocations == []
+    assert allocations == [] and pages == []
+
+
+def test_each_captured_launch_gets_a_counter_of_its_own(monkeypatch, allocations, pages) -> None:  # noqa: ANN001
+    use_driver(monkeypatch, FakeDriver({0x55: (0, 1), 0x66: (0, 1)}))
+    monkeypatch.setattr(workspace, "PAGE_COUNTERS", 3)
+    own = workspace.counter_for(0, 0x77)  # a stream that is not capturing: its own counter
+    got = [workspace.counter_for(0, 0x55) for _ in range(2)] + [workspace.counter_for(0, 0x66)]
+    # Three launches, three counters side by side in the first page, none the stream's.
+    assert got == [0x100000, 0x100000 + 8, 0x100000 + 16]
+    assert own not in got and allocations == [0]
+    assert workspace.counter_for(0, 0x55) == 0x200000  # the page used up: a new one
+    assert workspace.counter_for(1, 0x55) == 0x300000  # another device: a page of its own
+    assert pages == [0, 0, 1]
+    assert len(workspace._PAGES) == 3  # noqa: SLF001 - every page kept alive for its graphs
+
+
+def test_no_page_means_no_counter_and_a_later_capture_tries_again(monkeypatch, allocations) -> None:  # noqa: ANN001, E501
+    use_driver(monkeypatch, FakeDriver({0x55: (0, 1)}))
+    calls: list[int] = []
+
+    def failing(device_id: int) -> SimpleNamespace:
+        calls.append(device_id)
+        if len(calls) == 1:
+            raise RuntimeError("out of memory")
+        return SimpleNamespace(data=SimpleNamespace(ptr=0x100000))
+
+    monkeypatch.setattr(workspace, "new_counter_page", failing)
+    assert workspace.counter_for(0, 0x55) == 0  # the static schedule, not an error
+    assert workspace.counter_for(0, 0x55) == 0x100000
+    assert calls == [0, 0]
 
 
 def test_each_stream_and_device_gets_one_counter(monkeypatch, allocations) -> None:  # noqa: ANN001
