@@ -530,7 +530,15 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
     config = config or default_config(problem, limits)
     if check(config, problem, limits):
         pytest.skip(f"{config.label()} cannot run on {info.name}")
+    kernel = compiler.compile_kernel(render(config, problem, limits))
+    plan = kernel.plan
     rows, eps = 300, 1e-5
+    if config.cache == "bulk":
+        # Tiles enough a cluster for the dynamic schedule (LaunchPlan.uses_counter), and a
+        # ragged last tile: the workspace path below is then the one that claims tiles.
+        clusters = kernel.grid(1 << 30) // plan.cluster
+        rows = DYNAMIC_MIN_TILES * clusters * plan.rows_per_block + 3
+        assert plan.uses_counter(rows, kernel.grid(rows))
 
     paths = export_kernel(config, problem, tmp_path, device=limits)
     basename = default_basename(problem)
@@ -558,7 +566,6 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
     assert err == 0, f"exported launcher returned cudaError {err}"
     cupy.cuda.runtime.deviceSynchronize()
 
-    kernel = compiler.compile_kernel(render(config, problem, limits))
     kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y_in_process.data.ptr, rows, eps)
     cupy.cuda.runtime.deviceSynchronize()
 
@@ -582,10 +589,8 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
         assert bool(cupy.array_equal(y_ws, y_in_process)), "outputs differ with a workspace"
         assert workspace.get().tolist() == [0, 0]
     # The kernel does read it: a workspace left with 5 tiles claimed skips five of the tiles
-    # handed out dynamically (where there are any beyond every cluster's first `stages`).
-    plan = kernel.plan
-    tiles = -(-rows // plan.rows_per_block)
-    if bulk and tiles > config.stages * (kernel.grid(rows) // plan.cluster) + 5:
+    # handed out dynamically (those beyond every cluster's first `stages`).
+    if bulk:
         workspace[0] = 5
         y_ws = cupy.full((rows, problem.hidden), 0xFFFF, dtype=cupy.uint16)
         assert forward_ws(x.data.ptr, w.data.ptr, b.data.ptr, y_ws.data.ptr, rows, eps,
@@ -593,6 +598,17 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
         cupy.cuda.runtime.deviceSynchronize()
         assert bool((y_ws == 0xFFFF).all(axis=1).any()), "a dirty workspace skipped no tile"
         assert workspace.get().tolist() == [0, 0]
+        # With fewer tiles a cluster than the dynamic schedule needs, the launcher leaves the
+        # workspace alone (it would skip five tiles if read) and takes the static schedule.
+        few = (DYNAMIC_MIN_TILES - 1) * (kernel.grid(1 << 30) // plan.cluster) * plan.rows_per_block
+        assert not plan.uses_counter(few, kernel.grid(few))
+        workspace[0] = 5
+        y_few = cupy.full((few, problem.hidden), 0xFFFF, dtype=cupy.uint16)
+        assert forward_ws(x.data.ptr, w.data.ptr, b.data.ptr, y_few.data.ptr, few, eps,
+                          workspace.data.ptr, None) == 0
+        cupy.cuda.runtime.deviceSynchronize()
+        assert bool(cupy.array_equal(y_few, y_in_process[:few])), "few tiles: outputs differ"
+        assert workspace.get().tolist() == [5, 0]
 
     # Validation on a real device: a misaligned pointer and rows < 0 launch nothing.
     invalid = 1  # cudaErrorInvalidValue
