@@ -50,7 +50,7 @@ _FROM_FLOAT = {
 _FROM_FLOAT2 = {"float32": "", "float16": "__floats2half2_rn", "bfloat16": "__floats2bfloat162_rn"}
 # Tiles per cluster from which the bulk kernel takes its tiles through the counter (the dynamic
 # schedule) instead of round-robin. The counter costs a launch ~1 us (H200, graphs of back-to-back
-# launches, benchmarks/NOTES.md 91): at 1-4 tiles a cluster the dynamic schedule ran x0.87-0.96
+# launches, benchmarks/NOTES.md 92): at 1-4 tiles a cluster the dynamic schedule ran x0.87-0.96
 # of the static one, at 6 x0.96-1.01, at 8 x0.99-1.03, at 12-32 x1.01-1.06.
 DYNAMIC_MIN_TILES = 8
 

@@ -30,33 +30,32 @@ class FakeDriver:
         return code
 
 
-@pytest.fixture
-def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Fake counters: each allocation gets a distinct pointer, and is recorded."""
+def fake_allocator(monkeypatch: pytest.MonkeyPatch, name: str, stride: int) -> list[int]:
+    """Replace ``workspace.<name>`` by one that records the device and returns a distinct
+    pointer each time (stride, 2 x stride, ...); return the record."""
     made: list[int] = []
 
-    def new_counter(device_id: int) -> SimpleNamespace:
+    def allocate(device_id: int) -> SimpleNamespace:
         made.append(device_id)
-        return SimpleNamespace(data=SimpleNamespace(ptr=0x1000 * len(made)))
+        return SimpleNamespace(data=SimpleNamespace(ptr=stride * len(made)))
 
-    monkeypatch.setattr(workspace, "new_counter", new_counter)
+    monkeypatch.setattr(workspace, name, allocate)
+    return made
+
+
+@pytest.fixture
+def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Fake counters, recorded; no counter or page made before the test."""
     monkeypatch.setattr(workspace, "_COUNTERS", {})
     monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
     monkeypatch.setattr(workspace, "_PAGES", [])
-    return made
+    return fake_allocator(monkeypatch, "new_counter", 0x1000)
 
 
 @pytest.fixture
 def pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Fake pages of captured launches' counters: distinct base pointers, recorded by device."""
-    made: list[int] = []
-
-    def new_counter_page(device_id: int) -> SimpleNamespace:
-        made.append(device_id)
-        return SimpleNamespace(data=SimpleNamespace(ptr=0x100000 * len(made)))
-
-    monkeypatch.setattr(workspace, "new_counter_page", new_counter_page)
-    return made
+    """Fake pages of captured launches' counters, recorded."""
+    return fake_allocator(monkeypatch, "new_counter_page", 0x100000)
 
 
 def use_driver(monkeypatch: pytest.MonkeyPatch, driver: object) -> None:
