@@ -137,7 +137,9 @@ def report(rec: dict, extra: str = "") -> None:
 def main() -> None:
     ap = lab_eval.lab_arguments(offline=False)
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--only", default="", help="dtype:hidden,... of SHAPES to run (all if empty)")
+    ap.add_argument("--only", default="",
+                    help="dtype:hidden,... of SHAPES (or SWEEP) to run (all if empty)")
+    ap.add_argument("--tiles", default="", help="--sweep: tiles per cluster, e.g. 1,4,8")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -145,11 +147,15 @@ def main() -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     records = []
     if args.sweep:
+        only = {tuple(item.split(":")) for item in args.only.split(",") if item}
+        tiles = [int(t) for t in args.tiles.split(",")] if args.tiles else TILES_PER_CLUSTER
         for dtype, hidden, config in SWEEP:
+            if only and (dtype, str(hidden)) not in only:
+                continue
             problem = Problem(hidden, dtype)
             kernel = compiler.compile_kernel(codegen.render(config, problem))
             clusters = kernel.grid(1 << 30) // config.cluster
-            for k in TILES_PER_CLUSTER:
+            for k in tiles:
                 rows = k * clusters * config.rows_per_block
                 rec = measure(kernel, problem, rows, rng, stream, args.rounds)
                 rec.update(clusters=clusters, tiles_per_cluster=k)
