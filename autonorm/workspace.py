@@ -91,6 +91,11 @@ def counter_for(device_id: int, stream_ptr: int) -> int:
             counter = _COUNTERS.get(key)
             if counter is None:
                 counter = _COUNTERS[key] = new_counter(device_id)
+                # The device's first page of captured launches' counters too, while this stream
+                # does not capture (a warm-up before a capture comes here): then a page is made
+                # under capture only after PAGE_COUNTERS captured launches, or with no warm-up.
+                if device_id not in _OPEN_PAGE:
+                    _open_page(device_id)
     return counter.data.ptr
 
 
@@ -103,14 +108,22 @@ def graph_counter(device_id: int) -> int:
     with _LOCK:
         base, taken = _OPEN_PAGE.get(device_id, (0, PAGE_COUNTERS))
         if taken == PAGE_COUNTERS:
-            try:
-                page = new_counter_page(device_id)
-            except Exception:  # noqa: BLE001 - any failure leaves the static schedule
+            if not _open_page(device_id):
                 return 0
-            _PAGES.append(page)
-            base, taken = page.data.ptr, 0
+            base, taken = _OPEN_PAGE[device_id]
         _OPEN_PAGE[device_id] = (base, taken + 1)
     return base + taken * COUNTER_BYTES
+
+
+def _open_page(device_id: int) -> bool:
+    """Make a new page the device's open one (``_LOCK`` held); False if it cannot be made."""
+    try:
+        page = new_counter_page(device_id)
+    except Exception:  # noqa: BLE001 - any failure leaves the static schedule
+        return False
+    _PAGES.append(page)
+    _OPEN_PAGE[device_id] = (page.data.ptr, 0)
+    return True
 
 
 def new_counter(device_id: int) -> Any:

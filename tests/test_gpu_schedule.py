@@ -103,30 +103,36 @@ def test_few_tiles_a_cluster_take_the_static_schedule(config, hidden, dtype) -> 
     assert counter.tolist() == [5, 0]  # left alone
 
 
-def _capture(kernel, x, w, b, ys, rows: int, stream):  # noqa: ANN001, ANN202
-    """A graph of one launch per output in ``ys``, captured on ``stream``, counters by default."""
+def _capture(kernel, x, w, b, ys, rows: int, stream, mode=None):  # noqa: ANN001, ANN202
+    """A graph of one launch per output in ``ys``, captured on ``stream``, counters by default.
+
+    ``mode``: the capture mode (CuPy's default is relaxed; PyTorch's is global).
+    """
     with stream:
-        stream.begin_capture()
+        stream.begin_capture(mode)
         for y in ys:
             kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr)
         return stream.end_capture()
 
 
-def test_captured_launches_get_counters_of_their_own_and_replays_are_right(monkeypatch) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("mode", ["relaxed", "global"])
+def test_captured_launches_get_counters_of_their_own_and_replays_are_right(monkeypatch, mode) -> None:  # noqa: ANN001, E501
     import cupy
 
     from autonorm import workspace
 
-    # No page yet: the first captured launch makes one while the stream captures.
-    monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
     config, hidden, dtype = CASES[0]
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
     static = _run(kernel, x, w, b, rows, work_ptr=0)
     stream = cupy.cuda.Stream(non_blocking=True)
     own = workspace.counter_for(0, stream.ptr)
+    # No page yet: the first captured launch makes one while the stream captures, in either
+    # mode (global: any unsafe call from any thread would invalidate the capture).
+    monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
     ys = [cupy.zeros_like(x) for _ in range(2)]
     cupy.cuda.Device().synchronize()  # the zeroing ran on CuPy's stream, not on `stream`
-    graph = _capture(kernel, x, w, b, ys, rows, stream)
+    modes = {"relaxed": 2, "global": 0}  # cudaStreamCaptureModeRelaxed / Global
+    graph = _capture(kernel, x, w, b, ys, rows, stream, modes[mode])
     base, taken = workspace._OPEN_PAGE[0]  # noqa: SLF001
     assert taken == 2 and own not in (base, base + workspace.COUNTER_BYTES)
     page = cupy.ndarray((2 * taken,), cupy.uint32, cupy.cuda.MemoryPointer(

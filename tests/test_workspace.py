@@ -49,6 +49,11 @@ def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(workspace, "_COUNTERS", {})
     monkeypatch.setattr(workspace, "_OPEN_PAGE", {})
     monkeypatch.setattr(workspace, "_PAGES", [])
+
+    def no_page(device_id: int) -> None:  # tests that want pages take the `pages` fixture
+        raise RuntimeError("no pages in this test")
+
+    monkeypatch.setattr(workspace, "new_counter_page", no_page)
     return fake_allocator(monkeypatch, "new_counter", 0x1000)
 
 
@@ -79,14 +84,16 @@ def test_invalidated_or_unknown_means_no_counter(monkeypatch, allocations, pages
 def test_each_captured_launch_gets_a_counter_of_its_own(monkeypatch, allocations, pages) -> None:  # noqa: ANN001
     use_driver(monkeypatch, FakeDriver({0x55: (0, 1), 0x66: (0, 1)}))
     monkeypatch.setattr(workspace, "PAGE_COUNTERS", 3)
-    own = workspace.counter_for(0, 0x77)  # a stream that is not capturing: its own counter
     got = [workspace.counter_for(0, 0x55) for _ in range(2)] + [workspace.counter_for(0, 0x66)]
-    # Three launches, three counters side by side in the first page, none the stream's.
-    assert got == [0x100000, 0x100000 + 8, 0x100000 + 16]
-    assert own not in got and allocations == [0]
+    # No warm-up: the first page is made under capture. Three launches, three counters side by
+    # side in it.
+    assert got == [0x100000, 0x100000 + 8, 0x100000 + 16] and pages == [0]
+    own = workspace.counter_for(0, 0x77)  # a stream that is not capturing: its own counter
+    assert own not in got and allocations == [0] and pages == [0]  # the open page is kept
     assert workspace.counter_for(0, 0x55) == 0x200000  # the page used up: a new one
-    assert workspace.counter_for(1, 0x55) == 0x300000  # another device: a page of its own
+    workspace.counter_for(1, 0x77)  # another device's first stream: its first page, outside
     assert pages == [0, 0, 1]
+    assert workspace.counter_for(1, 0x55) == 0x300000
     assert len(workspace._PAGES) == 3  # noqa: SLF001 - every page kept alive for its graphs
 
 
@@ -106,7 +113,7 @@ def test_no_page_means_no_counter_and_a_later_capture_tries_again(monkeypatch, a
     assert calls == [0, 0]
 
 
-def test_each_stream_and_device_gets_one_counter(monkeypatch, allocations) -> None:  # noqa: ANN001
+def test_each_stream_and_device_gets_one_counter(monkeypatch, allocations, pages) -> None:  # noqa: ANN001
     use_driver(monkeypatch, FakeDriver())
     a = workspace.counter_for(0, 0x55)
     assert a != 0 and workspace.counter_for(0, 0x55) == a  # cached, not allocated again
@@ -114,6 +121,7 @@ def test_each_stream_and_device_gets_one_counter(monkeypatch, allocations) -> No
     c = workspace.counter_for(1, 0x55)
     assert len({a, b, c}) == 3
     assert allocations == [0, 0, 1]
+    assert pages == [0, 1]  # each device's first page of captured counters, made outside capture
 
 
 def test_per_thread_default_stream_gets_one_counter_per_thread(monkeypatch, allocations) -> None:  # noqa: ANN001
