@@ -232,9 +232,6 @@ class CompiledKernel:
         self._function = function
         self._sm_count = sm_count
         self._device_id = device_id
-        # The bulk-copy kernel can hand out its tiles through a counter (workspace); whether a
-        # launch does is plan.uses_counter's answer for its rows.
-        self.schedules_dynamically = rendered.config.cache == "bulk"
         self._block = (self.plan.threads, 1, 1)
         self._smem = self.plan.smem_bytes
         self._np = np

@@ -199,6 +199,6 @@ def test_dispatch_runs_the_dynamic_schedule_verified() -> None:
 
     config, hidden, dtype = CASES[2]
     kernel, *_ = _setup(config, hidden, dtype)
-    assert kernel.schedules_dynamically
+    assert kernel.plan.resident  # the bulk kernel
     result = verify(kernel, Problem(hidden, dtype))
     assert result.ok, result.summary()

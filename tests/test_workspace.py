@@ -69,7 +69,7 @@ def use_driver(monkeypatch: pytest.MonkeyPatch, driver: object) -> None:
 
 def test_no_driver_means_no_counter(monkeypatch: pytest.MonkeyPatch, allocations) -> None:  # noqa: ANN001
     use_driver(monkeypatch, None)
-    assert workspace.stream_is_capturing(0x55)
+    assert workspace.capture_status(0x55) == -1  # unknown
     assert workspace.counter_for(0, 0x55) == 0
     assert allocations == []
 

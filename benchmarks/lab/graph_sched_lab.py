@@ -120,7 +120,7 @@ def measure(kernel, problem: Problem, rows: int, rng, stream, rounds: int) -> di
     cupy.get_default_memory_pool().free_all_blocks()
     return {"dtype": dtype, "hidden": hidden, "rows": rows,
             "config": kernel.rendered.config.label(),
-            "dynamic_kernel": bool(kernel.schedules_dynamically), "same_bits": same,
+            "dynamic_kernel": bool(kernel.plan.resident), "same_bits": same,
             "same_as_plain": plain_same,
             "dynamic_us": dyn, "static_us": sta, "speedup": sta / dyn,
             "dynamic_gbps": nbytes / dyn / 1e3, "rounds": us}
