@@ -371,10 +371,13 @@ def test_render_bulk(cfg, problem):
     assert ("Vec wr[ITERS];" in src) == (wreg and not ftile and problem.has_weight)
     assert ("Vec br[ITERS];" in src) == (wreg and not ftile and problem.has_bias)
     assert src.count("if (t2 < tiles) {") == 1  # one refill per tile, either way
-    # the tile schedule: a counter in the kernel's last parameter, claimed ahead, zeroed at exit
+    # the tile schedule: a counter in the kernel's last parameter, claimed ahead, counted out and
+    # zeroed at a cluster's first claim past the end, not at exit (no fence there)
     assert "unsigned int* __restrict__ work)" in src
-    assert src.count("atomicAdd(work, 1u)") == 2  # the first claim and one per tile
+    assert src.count("atomicAdd(work, 1u)") == 1  # in claim_tile only
+    assert src.count("claim_tile(work, tiles, failed)") == 2  # the first claim, one per tile
     assert "atomicExch(work, 0u)" in src and "atomicExch(work + 1, 0u)" in src
+    assert "__threadfence()" not in src
     assert ("push_to(&sched[" in src) == (cfg.cluster > 1)
     # One block barrier fewer a tile: a tile held in registers is refilled after the first row
     # sum's barrier, a tile read from shared memory until the last pass (two stages or more) in
