@@ -49,9 +49,11 @@ _FROM_FLOAT = {
 # Two fp32 values to one 32-bit pair of a 16-bit type, in one conversion instruction.
 _FROM_FLOAT2 = {"float32": "", "float16": "__floats2half2_rn", "bfloat16": "__floats2bfloat162_rn"}
 # Tiles per cluster from which the bulk kernel takes its tiles through the counter (the dynamic
-# schedule) instead of round-robin. The counter costs a launch ~1 us (H200, graphs of back-to-back
-# launches, benchmarks/NOTES.md 92): at 1-4 tiles a cluster the dynamic schedule ran x0.87-0.96
-# of the static one, at 6 x0.96-1.01, at 8 x0.99-1.03, at 12-32 x1.01-1.06.
+# schedule) instead of round-robin. With the count-out at exit the counter cost a launch ~1 us
+# (H200, benchmarks/NOTES.md 92: x0.87-0.96 of static at 1-4 tiles a cluster); counted out at the
+# first failed claim (93, 94) the two are level there (x0.996-1.010) and the dynamic one gains from
+# 8 (x1.00-1.02) and 16 (x1.02-1.05). Below 8 the static schedule stays: it gains nothing there and
+# needs no zeroed counter (none captured into a graph, no workspace for an exported launcher).
 DYNAMIC_MIN_TILES = 8
 
 
