@@ -290,7 +290,7 @@ class CompiledKernel:
         else:
             dynamic = self.plan.uses_counter(rows, grid)
         if not dynamic:
-            work_ptr = 0  # few tiles a cluster: the static schedule is faster (codegen)
+            work_ptr = 0  # few tiles a cluster: the counter gains nothing (DYNAMIC_MIN_TILES)
         elif work_ptr is None:
             if stream_ptr is None:
                 import cupy
