@@ -786,6 +786,16 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
                     if cfg not in seeds:
                         seeds.append(cfg)
                     break
+    # One warp a block, one row a warp, the row in registers: torch.compile's kernel at 768-1024
+    # (one-warp persistent reductions). The neighbours above keep 256-thread blocks, so the
+    # search never met it; at fp32 1024 it ran x1.017 of the shipped t256v4r8 winner (99.9% of
+    # copy) and at fp32 768 x1.008, in 16-bit x0.99-1.00 (H200, NOTES.md 102).
+    for max_regs in caps:
+        cfg = KernelConfig(32, base.vec, 1, "registers", "two_pass", 1, 0, 0, max_regs)
+        if not check(cfg, problem, device):
+            if cfg not in seeds:
+                seeds.append(cfg)
+            break
     return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
 
 
