@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import lab_eval
 
-from autonorm import compiler, space
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
+from autonorm import space
 
 space.MAX_REGS = (0, 32, 40, 48, 56, 64, 72, 80)  # this process only
 space._max_regs_reasons = lambda *a, **k: []  # noqa: SLF001 - the lab's own check is nvcc's
@@ -42,26 +40,7 @@ PLAN: dict[tuple[str, int], list[str]] = {
 
 
 def main() -> None:
-    args = lab_eval.lab_arguments().parse_args()
-    if args.offline:
-        from autonorm import codegen
-
-        kernels = [codegen.render(KernelConfig.from_label(label), Problem(h, d), H200)
-                   for (d, h), labels in PLAN.items() for label in labels]
-        reports = compiler.compile_offline(kernels, "sm_90")
-        for k in kernels:
-            r = reports[k.name]
-            print(k.problem.dtype, k.problem.hidden, f"{k.config.label():40s}", "registers",
-                  r.registers, "spill stores", r.spill_stores)
-        return
-
-    def entries_for(shape, pool):
-        (dtype, hidden), labels = shape
-        ev = GpuEvaluator(Problem(hidden, dtype), (1 << 26) // hidden, pool=pool)
-        return dtype, hidden, [("ship" if i == 0 else "cap", ev, KernelConfig.from_label(lb))
-                               for i, lb in enumerate(labels)]
-
-    lab_eval.run_plan("fp32cap_lab", PLAN.items(), entries_for, args.rounds, args.out)
+    lab_eval.run_label_lab("fp32cap_lab", PLAN, "cap")
 
 
 if __name__ == "__main__":

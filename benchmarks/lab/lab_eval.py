@@ -105,6 +105,32 @@ def run_tree_lab(name: str, plan: dict[tuple[str, int], list[tuple[str, str]]], 
     run_plan(name, plan.items(), entries_for, args.rounds, args.out)
 
 
+def run_label_lab(name: str, plan: dict[tuple[str, int], list[str]], tag: str) -> None:
+    """The one-tree lab: each shape's configs (labels) through the product's evaluator, the
+    first named ``"ship"`` (the shipped winner, the reference) and the rest ``tag``, compared by
+    :func:`run_plan` at rows = 2^26 / hidden. With ``--offline`` every kernel is compiled with
+    nvcc instead and printed with its registers and spill stores; no GPU.
+    """
+    args = lab_arguments().parse_args()
+    if args.offline:
+        kernels = [codegen.render(KernelConfig.from_label(label), Problem(h, d), H200)
+                   for (d, h), labels in plan.items() for label in labels]
+        reports = compiler.compile_offline(kernels, "sm_90")
+        for k in kernels:
+            r = reports[k.name]
+            print(k.problem.dtype, k.problem.hidden, f"{k.config.label():40s}", "registers",
+                  r.registers, "spill stores", r.spill_stores)
+        return
+
+    def entries_for(shape: Any, pool: compiler.CompilePool) -> tuple[str, int, list[Entry]]:
+        (dtype, hidden), labels = shape
+        ev = GpuEvaluator(Problem(hidden, dtype), (1 << 26) // hidden, pool=pool)
+        return dtype, hidden, [("ship" if i == 0 else tag, ev, KernelConfig.from_label(lb))
+                               for i, lb in enumerate(labels)]
+
+    run_plan(name, plan.items(), entries_for, args.rounds, args.out)
+
+
 def compare(dtype: str, hidden: int, entries: Sequence[Entry], rounds: int) -> list[dict]:
     """Verify ``entries``, time the verified ones interleaved, print and return one record each.
 

@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import lab_eval
 
-from autonorm import codegen, compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
-
 R = "-registers-two_pass-c1-p0"
 S = "-smem-two_pass-c1-p0"
 PLAN: dict[tuple[str, int], list[str]] = {
@@ -34,24 +30,7 @@ PLAN: dict[tuple[str, int], list[str]] = {
 
 
 def main() -> None:
-    args = lab_eval.lab_arguments().parse_args()
-    if args.offline:
-        kernels = [codegen.render(KernelConfig.from_label(lb), Problem(h, d), H200)
-                   for (d, h), labels in PLAN.items() for lb in labels]
-        reports = compiler.compile_offline(kernels, "sm_90")
-        for k in kernels:
-            r = reports[k.name]
-            print(k.problem.dtype, k.problem.hidden, f"{k.config.label():40s}", "registers",
-                  r.registers, "spill stores", r.spill_stores)
-        return
-
-    def entries_for(shape, pool):
-        (dtype, hidden), labels = shape
-        ev = GpuEvaluator(Problem(hidden, dtype), (1 << 26) // hidden, pool=pool)
-        return dtype, hidden, [("ship" if i == 0 else "warp", ev, KernelConfig.from_label(lb))
-                               for i, lb in enumerate(labels)]
-
-    lab_eval.run_plan("warp_row_lab", PLAN.items(), entries_for, args.rounds, args.out)
+    lab_eval.run_label_lab("warp_row_lab", PLAN, "warp")
 
 
 if __name__ == "__main__":
