@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -779,24 +779,28 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
             threads = tpr * rows
             if tpr < 1 or threads > 1024:
                 continue
-            for max_regs in caps:  # the first that applies
-                cfg = KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm,
-                                   0, max_regs)
-                if not check(cfg, problem, device):
-                    if cfg not in seeds:
-                        seeds.append(cfg)
-                    break
+            add_first_valid(seeds, (
+                KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm, 0, m)
+                for m in caps), problem, device)
     # One warp a block, one row a warp, the row in registers: torch.compile's kernel at 768-1024
     # (one-warp persistent reductions). The neighbours above keep 256-thread blocks, so the
     # search never met it; at fp32 1024 it ran x1.017 of the shipped t256v4r8 winner (99.9% of
     # copy) and at fp32 768 x1.008, in 16-bit x0.99-1.00 (H200, NOTES.md 102).
-    for max_regs in caps:
-        cfg = KernelConfig(32, base.vec, 1, "registers", "two_pass", 1, 0, 0, max_regs)
-        if not check(cfg, problem, device):
-            if cfg not in seeds:
-                seeds.append(cfg)
-            break
+    add_first_valid(seeds, (KernelConfig(32, base.vec, 1, "registers", "two_pass", 1, 0, 0, m)
+                            for m in caps), problem, device)
     return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
+
+
+def add_first_valid(seeds: list[KernelConfig], candidates: Iterable[KernelConfig],
+                    problem: Problem, device: DeviceLimits) -> None:
+    """Append the first valid one of ``candidates`` to ``seeds``, unless it is there already.
+
+    The candidates are one config under each register cap, in order of preference; nothing is
+    appended if none is valid.
+    """
+    cfg = next((c for c in candidates if not check(c, problem, device)), None)
+    if cfg is not None and cfg not in seeds:
+        seeds.append(cfg)
 
 
 MAX_BULK_SEEDS = 8
