@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import lab_eval
-from tree_render import templates_from
+from tree_render import renderer
 
-from autonorm import codegen, space
+from autonorm import space
 
 TREE = Path(__file__).parent / "templates_bst2"
 # The tree's claim ring has two more slots (Q + 2): allocate them for every kernel of this
@@ -33,9 +33,7 @@ _scratch = space.bulk_scratch_bytes
 space.bulk_scratch_bytes = lambda stages, rows, cluster=1: _scratch(stages, rows, cluster) + 24
 
 
-def render_bst(config, problem, limits):
-    with templates_from(TREE):
-        return codegen.render(config, problem, limits)
+render_bst = renderer(TREE)
 
 
 B = "-bulk-two_pass"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cluster_cap_lab import lift_cluster_cap_rule
 from lab_eval import RenderingEvaluator, lab_arguments, run_plan
-from tree_render import templates_from
+from tree_render import renderer
 
 from autonorm import codegen, compiler
 from autonorm.evaluator import GpuEvaluator
@@ -67,9 +67,7 @@ def main() -> None:
     lift_cluster_cap_rule()
     base = Path(args.base).resolve()
 
-    def render_base(config, problem, limits):  # noqa: ANN001, ANN202 - lab_eval.Render
-        with templates_from(base):
-            return codegen.render(config, problem, limits)
+    render_base = renderer(base)
 
     if args.offline:
         # Base and new kernels of one config share a name: compiled as two batches.

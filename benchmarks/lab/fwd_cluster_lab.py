@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cluster_cap_lab import lift_cluster_cap_rule
 from lab_eval import RenderingEvaluator, lab_arguments, run_plan
-from tree_render import templates_from
+from tree_render import renderer
 
 from autonorm import codegen, compiler
 from autonorm.evaluator import GpuEvaluator
@@ -69,11 +69,8 @@ def main() -> None:
     add_cluster_slot_bytes()
     lab = Path(__file__).resolve().parent
 
-    def renderer(tree: str):  # noqa: ANN202
-        def render(config, problem, limits):  # noqa: ANN001, ANN202 - lab_eval.Render
-            with templates_from(lab / f"templates_{tree}"):
-                return codegen.render(config, problem, limits)
-        return render
+    def tree_renderer(tree: str):  # noqa: ANN202
+        return renderer(lab / f"templates_{tree}")
 
     def plan_of(label: str) -> list[str]:
         # The shipped kind (c1, or the bulk kernel) from the product; clusters from each tree.
@@ -82,7 +79,7 @@ def main() -> None:
 
     if args.offline:
         for tree in ("",) + TREES:
-            render = renderer(tree) if tree else codegen.render
+            render = tree_renderer(tree) if tree else codegen.render
             kernels = [render(KernelConfig.from_label(label), Problem(hidden, dtype), H200)
                        for (dtype, hidden), labels in PLAN.items() for label in labels
                        if tree in plan_of(label)]
@@ -97,7 +94,7 @@ def main() -> None:
         (dtype, hidden), labels = shape
         problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
         evs = {"": GpuEvaluator(problem, rows, pool=pool)}
-        evs.update({t: RenderingEvaluator(renderer(t), problem, rows, pool=pool) for t in TREES})
+        evs.update({t: RenderingEvaluator(tree_renderer(t), problem, rows, pool=pool) for t in TREES})
         entries = [(tree or "prod", evs[tree], KernelConfig.from_label(label))
                    for label in labels for tree in plan_of(label)]
         return dtype, hidden, entries

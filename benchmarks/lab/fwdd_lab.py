@@ -18,9 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab_eval import run_tree_lab
-from tree_render import templates_from
-
-from autonorm import codegen
+from tree_render import renderer
 
 TREE = Path(__file__).resolve().parent / "templates_fwdd"
 W256 = "t256v8r1-smem-two_pass-c1-p{}-m64"
@@ -39,9 +37,7 @@ PLAN: dict[tuple[str, int], list[tuple[str, str]]] = {
 }
 
 
-def render_fwdd(config, problem, limits):  # noqa: ANN001, ANN201 - lab_eval.Render
-    with templates_from(TREE):
-        return codegen.render(config, problem, limits)
+render_fwdd = renderer(TREE)
 
 
 def main() -> None:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import lab_eval
-from tree_render import templates_from
+from tree_render import renderer
 
-from autonorm import codegen, space
+from autonorm import space
 
 # compile's kernel holds 32 registers (4 blocks of 512 an SM); fp32 caps are admitted in this
 # process only, as in fp32cap_lab.py (the lab's check is nvcc's: --offline).
@@ -39,9 +39,7 @@ HINT = Path(__file__).parent / "templates_hint"
 W = "-none-welford-c1-p0"
 
 
-def render_hint(config, problem, limits):
-    with templates_from(HINT):
-        return codegen.render(config, problem, limits)
+render_hint = renderer(HINT)
 
 
 T = "-none-two_pass-c1-p0"

@@ -7,8 +7,9 @@ that points codegen at a tree for the duration of a render.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from autonorm import codegen
 from autonorm import config as an_config
@@ -35,3 +36,13 @@ def templates_from(tree: Path | str, tile_max: int | None = None) -> Iterator[No
     finally:
         an_config.templates_dir, codegen.FP32_TILE_MAX = saved  # type: ignore[assignment]
         codegen.template_environment.cache_clear()
+
+
+def renderer(tree: Path | str) -> Callable[[Any, Any, Any], codegen.RenderedKernel]:
+    """A render function (``lab_eval.Render``: config, problem, limits) that renders ``tree``."""
+
+    def render(config: Any, problem: Any, limits: Any) -> codegen.RenderedKernel:
+        with templates_from(tree):
+            return codegen.render(config, problem, limits)
+
+    return render
