@@ -354,6 +354,26 @@ def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
             assert "s3 += d;" in src  # corrected two-pass
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_bulk_y_stores_stream_only_from_clusters(dtype):
+    # Evict-first y stores pay in clustered bulk kernels (c4/c8 ran x0.55-0.97 with plain ones)
+    # and cost unclustered ones 0.3-3.5% (H200, NOTES.md 106); the fwd kernel stores plainly.
+    problem = Problem(16384, dtype)
+    vec = 16 // problem.itemsize
+
+    def source(cache: str, cluster: int) -> str:
+        extra = dict(stages=2) if cache == "bulk" else {}
+        cfg = KernelConfig(threads=512, vec=vec, cache=cache, cluster=cluster,
+                           stats="two_pass", **extra)
+        return render(cfg, problem, H200).source
+
+    assert "__stcs(" not in source("bulk", 1)
+    assert "= *reinterpret_cast<const float4*>(&out);" in source("bulk", 1)
+    for cluster in (2, 4):
+        assert "__stcs(reinterpret_cast<float4*>(yr" in source("bulk", cluster)
+    assert "__stcs(" not in source("smem", 1)
+
+
 def test_short_16bit_register_rows_are_held_as_fp32():
     bf16, fp32 = Problem(1024, "bfloat16"), Problem(1024, "float32")
     short = KernelConfig(threads=128, vec=8, rows_per_block=4, cache="registers")  # 4 vectors

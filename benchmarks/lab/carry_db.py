@@ -1,6 +1,7 @@
 """Carry winners whose kernels a template change left byte-identical into a re-tuned DB.
 
     python benchmarks/lab/carry_db.py OLD.db BASE_TEMPLATES NEW.db [--margin 0.01]
+    python benchmarks/lab/carry_db.py OLD.db BASE_TEMPLATES          # OLD.db itself, in place
 
 A winner is keyed by the templates' hash, so any template change retires every winner, even
 those whose rendered source did not change (session 16: the fused 16-bit two-pass changed only
@@ -8,7 +9,9 @@ the fwd template's 16-bit kernels, yet it retired the 60-trial bulk and fp32 win
 winner of OLD.db, tuned on BASE_TEMPLATES, this renders its config from BASE_TEMPLATES and from
 the working tree's templates; where the two sources are identical (the same kernel, so its
 measurement stands) it re-keys the winner to today's version and merges it into NEW.db with
-merge_db's rule (taken only where it beats NEW.db's winner by more than ``--margin``).
+merge_db's rule (taken only where it beats NEW.db's winner by more than ``--margin``). Without
+NEW.db it re-keys OLD.db itself and drops the winners whose kernel changed, keeping its trials:
+the shapes left without a winner are then tuned and merged in (``gpu_checks.sh search``).
 """
 
 from __future__ import annotations
@@ -35,28 +38,38 @@ def same_kernel(config: KernelConfig, problem: Problem, base: str) -> bool:
     return old == new
 
 
-def main(old_db: str, base: str, new_db: str, margin: float) -> None:
+def carry(con: sqlite3.Connection, base: str) -> None:
+    """Re-key ``con``'s winners that render the same kernel from ``base``; drop the others."""
     version = codegen.code_version()
+    rows = con.execute("select rowid, dtype, hidden, has_weight, has_bias, rows_bucket, config "
+                       "from winners").fetchall()
+    kept = 0
+    for rowid, dtype, hidden, w, b, bucket, cfg in rows:
+        problem = Problem(hidden, dtype, has_weight=bool(w), has_bias=bool(b))
+        config = KernelConfig.from_dict(json.loads(cfg))
+        if same_kernel(config, problem, base):
+            con.execute("update winners set version=? where rowid=?", (version, rowid))
+            kept += 1
+        else:
+            con.execute("delete from winners where rowid=?", (rowid,))
+            print(f"{dtype} {hidden} rows {bucket}: {config.label()} changed, not carried")
+    con.commit()
+    print(f"{kept} of {len(rows)} winners render the same kernel")
+
+
+def main(old_db: str, base: str, new_db: str | None, margin: float) -> None:
+    if new_db is None:
+        con = sqlite3.connect(old_db)
+        carry(con, base)
+        con.close()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         carried = str(Path(tmp) / "carried.db")
         shutil.copy(old_db, carried)
         con = sqlite3.connect(carried)
         con.execute("delete from trials")
-        rows = con.execute("select rowid, dtype, hidden, has_weight, has_bias, rows_bucket, config "
-                           "from winners").fetchall()
-        kept = 0
-        for rowid, dtype, hidden, w, b, bucket, cfg in rows:
-            problem = Problem(hidden, dtype, has_weight=bool(w), has_bias=bool(b))
-            config = KernelConfig.from_dict(json.loads(cfg))
-            if same_kernel(config, problem, base):
-                con.execute("update winners set version=? where rowid=?", (version, rowid))
-                kept += 1
-            else:
-                con.execute("delete from winners where rowid=?", (rowid,))
-                print(f"{dtype} {hidden} rows {bucket}: {config.label()} changed, not carried")
-        con.commit()
+        carry(con, base)
         con.close()
-        print(f"{kept} of {len(rows)} winners render the same kernel")
         merge_db.main(carried, new_db, margin)
 
 
@@ -64,7 +77,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old_db")
     ap.add_argument("base")
-    ap.add_argument("new_db")
+    ap.add_argument("new_db", nargs="?", default=None)
     ap.add_argument("--margin", type=float, default=0.01)
     args = ap.parse_args()
     main(args.old_db, args.base, args.new_db, args.margin)
