@@ -4,10 +4,11 @@
 # re-tune the shipped DB (needed after any kernel-template change: the winners are keyed by the
 # templates' hash, and tests/test_dispatch.py fails until the DB matches).
 # Each suite fits one 10-minute device command: bash benchmarks/gpu_checks.sh
-# tests|tune|grid|buckets|ship|search|ncu. `ship` runs grid and buckets in one command (~370 s
+# tests|tune|grid|buckets|ship|search|peers|ncu. `ship` runs grid and buckets in one command (~370 s
 # on an H200) and merges them into $OUT/shipped.db, the file to copy to tuning_db/autonorm.db.
 # `search DTYPE:H,H ...` gives chosen shapes 60 trials and merges them into tuning_db/ (and
-# $OUT/shipped.db); `ncu DTYPE:H ...` profiles the dispatched kernel beside torch.compile's.
+# $OUT/shipped.db); `peers` runs the full peers benchmark on the working tree's DB (~170 s);
+# `ncu DTYPE:H ...` profiles the dispatched kernel beside torch.compile's.
 # By hand:
 #   cp <grid OUT>/ship.db tuning_db/autonorm.db
 #   python benchmarks/lab/merge_db.py <buckets OUT>/buckets.db tuning_db/autonorm.db
@@ -70,6 +71,12 @@ if [[ $suite == search ]]; then
   done
   python3 benchmarks/lab/merge_db.py "$OUT/long.db" tuning_db/autonorm.db | tee "$OUT/merge.log"
   cp tuning_db/autonorm.db "$OUT/shipped.db"
+fi
+if [[ $suite == peers ]]; then
+  # Its own kernel cache, as the call scripts of sessions 9-22 ran it.
+  AUTONORM_CACHE_DIR=/tmp/ac_peers timeout 270 python3 benchmarks/peers.py --out "$OUT/peers" \
+    --plain --budget-s 240 > "$OUT/peers_full.log" 2>&1
+  tail -75 "$OUT/peers_full.log"
 fi
 if [[ $suite == ncu ]]; then
   # Only the launches between cudaProfilerStart/Stop (benchmarks/lab/ncu_peers.py).

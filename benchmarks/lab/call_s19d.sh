@@ -10,7 +10,5 @@ timeout 150 python3 -m pytest -q -m gpu tests/test_export.py tests/test_gpu_sche
 timeout 100 python3 benchmarks/lab/graph_sched_lab.py --rounds 5 --out "$OUT" \
   --only float32:12288,float32:16384,float32:32768,bfloat16:16384 2>&1 \
   | tee "$OUT/graph_sched_bits.log" | tail -5
-AUTONORM_CACHE_DIR=/tmp/ac_peers timeout 270 python3 benchmarks/peers.py --out "$OUT/peers" \
-  --plain --budget-s 240 > "$OUT/peers_full.log" 2>&1
-tail -75 "$OUT/peers_full.log"
+bash benchmarks/gpu_checks.sh peers
 timeout 90 bash benchmarks/gpu_checks.sh tune 2>&1 | tail -8

@@ -4,6 +4,4 @@
 set -u
 mkdir -p "$OUT"
 bash benchmarks/gpu_checks.sh search float32:768,1024 2>&1 | tail -12
-AUTONORM_CACHE_DIR=/tmp/ac_peers timeout 270 python3 benchmarks/peers.py --out "$OUT/peers" \
-  --plain --budget-s 240 > "$OUT/peers_full.log" 2>&1
-tail -75 "$OUT/peers_full.log"
+bash benchmarks/gpu_checks.sh peers
