@@ -1,4 +1,4 @@
-"""Carry winners whose kernels a template change left byte-identical into a re-tuned DB.
+"""Carry winners whose kernels a template change left the same into a re-tuned DB.
 
     python benchmarks/lab/carry_db.py OLD.db BASE_TEMPLATES NEW.db [--margin 0.01]
     python benchmarks/lab/carry_db.py OLD.db BASE_TEMPLATES          # OLD.db itself, in place
@@ -7,9 +7,10 @@ A winner is keyed by the templates' hash, so any template change retires every w
 those whose rendered source did not change (session 16: the fused 16-bit two-pass changed only
 the fwd template's 16-bit kernels, yet it retired the 60-trial bulk and fp32 winners). For each
 winner of OLD.db, tuned on BASE_TEMPLATES, this renders its config from BASE_TEMPLATES and from
-the working tree's templates; where the two sources are identical (the same kernel, so its
-measurement stands) it re-keys the winner to today's version and merges it into NEW.db with
-merge_db's rule (taken only where it beats NEW.db's winner by more than ``--margin``). Without
+the working tree's templates; where the two sources are identical but for comments (the same
+kernel, so its measurement stands) it re-keys the winner to today's version and merges it into
+NEW.db with merge_db's rule (taken only where it beats NEW.db's winner by more than
+``--margin``). Without
 NEW.db it re-keys OLD.db itself and drops the winners whose kernel changed, keeping its trials:
 the shapes left without a winner are then tuned and merged in (``gpu_checks.sh search``).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -29,13 +31,28 @@ from tree_render import templates_from
 from autonorm import codegen
 from autonorm.space import H200, KernelConfig, Problem
 
+# A // comment to the end of its line, or a /* */ one. The kernels hold no string that
+# contains either (their asm strings are PTX, whose comments they do not use).
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def code_of(source: str) -> str:
+    """``source`` without its comments and blank lines: what the compiler reads of it."""
+    lines = (line.rstrip() for line in COMMENT.sub("", source).splitlines())
+    return "\n".join(line for line in lines if line)
+
 
 def same_kernel(config: KernelConfig, problem: Problem, base: str) -> bool:
-    """Whether ``config`` renders the same source from ``base`` as from today's templates."""
+    """Whether ``config`` renders the same code from ``base`` as from today's templates.
+
+    Comments aside: every render already differs from the one measured in its version line
+    (a comment naming the templates' hash), and a change to a comment alone (session 23: the
+    bulk schedule's) must not retire the winners it leaves the same kernels.
+    """
     new = codegen.render(config, problem, H200).source
     with templates_from(base):
         old = codegen.render(config, problem, H200).source
-    return old == new
+    return code_of(old) == code_of(new)
 
 
 def carry(con: sqlite3.Connection, base: str) -> None:
