@@ -10,9 +10,9 @@ winner of OLD.db, tuned on BASE_TEMPLATES, this renders its config from BASE_TEM
 the working tree's templates; where the two sources are identical but for comments (the same
 kernel, so its measurement stands) it re-keys the winner to today's version and merges it into
 NEW.db with merge_db's rule (taken only where it beats NEW.db's winner by more than
-``--margin``). Without
-NEW.db it re-keys OLD.db itself and drops the winners whose kernel changed, keeping its trials:
-the shapes left without a winner are then tuned and merged in (``gpu_checks.sh search``).
+``--margin``). Without NEW.db it re-keys OLD.db itself and drops the winners whose kernel
+changed, keeping its trials: the shapes left without a winner are then tuned and merged in
+(``gpu_checks.sh search``).
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ from tree_render import templates_from
 from autonorm import codegen
 from autonorm.space import H200, KernelConfig, Problem
 
-# A // comment to the end of its line, or a /* */ one. The kernels hold no string that
-# contains either (their asm strings are PTX, whose comments they do not use).
-COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# A string literal (kept whole, so a "//" inside one is not taken for a comment), or a //
+# comment to the end of its line, or a /* */ one.
+TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|//[^\n]*|/\*.*?\*/', re.S)
 
 
 def code_of(source: str) -> str:
     """``source`` without its comments and blank lines: what the compiler reads of it."""
-    lines = (line.rstrip() for line in COMMENT.sub("", source).splitlines())
+    bare = TOKEN.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", source)
+    lines = (line.rstrip() for line in bare.splitlines())
     return "\n".join(line for line in lines if line)
 
 
