@@ -27,7 +27,7 @@ from autonorm.evaluator import GpuEvaluator
 from autonorm.space import KernelConfig, Problem
 
 
-def promote(db: TuningDB, spec: str, rounds: int, min_gain: float) -> None:
+def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str) -> None:
     """Settle ``spec``'s shipped winner against its challengers; store a challenger that wins."""
     shape, labels = spec.split("=")
     dtype_hidden, _, rows_text = shape.partition("@")
@@ -68,7 +68,7 @@ def promote(db: TuningDB, spec: str, rounds: int, min_gain: float) -> None:
           f"x{t_inc.median_us / t_best.median_us:.3f}", flush=True)
     if t_inc.median_us / t_best.median_us >= 1 + min_gain:
         metrics = t_best.metrics(rows=rows, trials=shipped.metrics.get("trials"),
-                                 copy_gbps=t_best.copy_gbps, settled="head-to-head, session 23")
+                                 copy_gbps=t_best.copy_gbps, settled=f"head-to-head, {note}")
         db.set_winner(key, best.to_dict(), metrics)
         print(f"{shape}: challenger stored", flush=True)
     else:
@@ -82,10 +82,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-gain", type=float, default=0.003,
                     help="the challenger's least speed-up over the winner, in both re-times")
+    ap.add_argument("--note", default="promote_lab",
+                    help="where the settlement was made, stored in the winner's metrics")
     args = ap.parse_args()
     with TuningDB(args.db) as db:
         for spec in args.specs:
-            promote(db, spec, args.rounds, args.min_gain)
+            promote(db, spec, args.rounds, args.min_gain, args.note)
 
 
 if __name__ == "__main__":
