@@ -755,7 +755,9 @@ def _capped_default(config: KernelConfig, problem: Problem, device: DeviceLimits
     return config
 
 
-def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
+def seed_configs(
+    problem: Problem, device: DeviceLimits = H200, rows: int | None = None
+) -> list[KernelConfig]:
     """Return structured starting points for a search: the default and its neighbours.
 
     With a budget of a few dozen trials in a space of thousands, TPE alone often never meets
@@ -768,6 +770,11 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     kernel, never seeded, beat the fp32 12288 winner by x1.040 (88.7% -> 92.3%, H200,
     2026-11-30, NOTES 29). In 16-bit the neighbours are capped at 64 registers where the cap
     applies: capped, the same configs ran x1.03-x1.32 faster in 13 of 15 pairs (NOTES 34).
+
+    Args:
+        problem: the hidden size, dtype and affine flags.
+        device: the GPU's limits.
+        rows: the row count tuned for; a few rows add :func:`latency_seed_configs`.
     """
     base = default_config(problem, device)
     tpr0 = base.threads_per_row
@@ -775,12 +782,13 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     caps = (64, 0) if problem.itemsize == 2 else (0,)
     for tpr in (tpr0, tpr0 // 2, tpr0 * 2):
         for cache, blocks_per_sm in (("registers", 0), ("smem", 0), ("registers", 4)):
-            rows = max(1, min(32, 256 // max(tpr, 1)))
-            threads = tpr * rows
+            per_block = max(1, min(32, 256 // max(tpr, 1)))
+            threads = tpr * per_block
             if tpr < 1 or threads > 1024:
                 continue
             add_first_valid(seeds, (
-                KernelConfig(threads, base.vec, rows, cache, "two_pass", 1, blocks_per_sm, 0, m)
+                KernelConfig(threads, base.vec, per_block, cache, "two_pass", 1, blocks_per_sm, 0,
+                             m)
                 for m in caps), problem, device)
     # One warp a block, one row a warp, the row in registers: torch.compile's kernel at 768-1024
     # (one-warp persistent reductions). The neighbours above keep 256-thread blocks, so the
@@ -788,7 +796,39 @@ def seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelCo
     # copy) and at fp32 768 x1.008, in 16-bit x0.99-1.00 (H200, NOTES.md 102).
     add_first_valid(seeds, (KernelConfig(32, base.vec, 1, "registers", "two_pass", 1, 0, 0, m)
                             for m in caps), problem, device)
-    return seeds + [c for c in bulk_seed_configs(problem, device) if c not in seeds]
+    seeds += [c for c in bulk_seed_configs(problem, device) if c not in seeds]
+    if rows is not None:
+        seeds += [c for c in latency_seed_configs(problem, rows, device) if c not in seeds]
+    return seeds
+
+
+def latency_seed_configs(
+    problem: Problem, rows: int, device: DeviceLimits = H200
+) -> list[KernelConfig]:
+    """Starting points for a few rows: each row split over a cluster of 8 (then 4) small blocks.
+
+    With fewer rows than SMs most SMs idle, and a row's time is one block's chain of load,
+    reduce and store; split over 8 blocks of 128 threads (one stage: the row's slice loaded once
+    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200,
+    benchmarks/NOTES.md 114): rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the shipped
+    winners; rows 8 x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so the seeds
+    stop where the blocks would outnumber the SMs. The bucket searches (22 trials in a space of
+    thousands) never sampled them.
+
+    Args:
+        problem: the hidden size, dtype and affine flags.
+        rows: the row count tuned for.
+        device: the GPU's limits.
+    """
+    if device.cc < 90:
+        return []
+    vec = 16 // problem.itemsize
+    seeds = []
+    for cluster in (8, 4):
+        cfg = KernelConfig(128, vec, 1, "bulk", "two_pass", cluster, 0, 1)
+        if rows * cluster <= device.sm_count and not check(cfg, problem, device):
+            seeds.append(cfg)
+    return seeds
 
 
 def add_first_valid(seeds: list[KernelConfig], candidates: Iterable[KernelConfig],

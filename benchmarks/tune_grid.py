@@ -62,7 +62,7 @@ def main() -> None:
                 settings=tuner.TuneSettings(n_trials=args.trials, timeout_s=args.timeout,
                                             finals_top=3, finals_rounds=3),
                 on_trial=on_trial, progress=False,
-                seeds=space.seed_configs(problem, info.limits()),
+                seeds=space.seed_configs(problem, info.limits(), rows),
             )
             if result.best is not None and result.timing is not None:
                 t = result.timing

@@ -659,3 +659,21 @@ def test_fp32_1024_thread_kernels_that_spill_at_64_registers_are_invalid():
     # 16-bit rows hold half the registers per element: the rule is fp32's only
     assert not check(KernelConfig.from_label("t1024v4r2-none-welford-c1-p0"),
                      Problem(12288, "bfloat16"))
+
+
+def test_a_few_rows_add_clustered_latency_seeds():
+    # A row split over 8 blocks of 128 threads won at 16384 rows 1 (x1.02-1.17) and rows 8 (fp16,
+    # fp32) and lost at rows 64 (NOTES.md 114): seeded only while the blocks fit the SMs.
+    for dtype in DTYPES:
+        problem = Problem(16384, dtype)
+        few = space.seed_configs(problem, rows=1)
+        extra = [s for s in few if s not in space.seed_configs(problem)]
+        assert [(s.cluster, s.threads, s.stages, s.cache) for s in extra] == [
+            (8, 128, 1, "bulk"), (4, 128, 1, "bulk")], dtype
+        assert all(check(s, problem) == [] for s in extra)
+        assert [s.cluster for s in space.latency_seed_configs(problem, 16)] == [8, 4]
+        assert [s.cluster for s in space.latency_seed_configs(problem, 32)] == [4]
+        assert space.latency_seed_configs(problem, 64) == []
+        assert space.seed_configs(problem, rows=4096) == space.seed_configs(problem)
+    # rows too short for 8 slices of 128 threads' 16-byte vectors get no such seed
+    assert space.latency_seed_configs(Problem(768, "bfloat16"), 1) == []
