@@ -104,6 +104,9 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
             study_name=spec["study"], settings=tuner.TuneSettings(**spec["settings"],
                                                                   finals_top=0),
             on_trial=on_trial, progress=index == 0, worker_index=index,
+            # Worker 0 enqueues them into the new shared study; the parent's own call after
+            # the workers finds trials there and enqueues nothing.
+            seeds=seed_configs(problem, limits, spec["rows"]),
         )
     finally:
         db.close()
@@ -190,7 +193,7 @@ def tune(
         result = tuner.tune(
             problem, evaluator, limits=limits, storage=storage, study_name=study,
             settings=tuner.TuneSettings(**settings), incumbent=incumbent, on_trial=on_trial,
-            seeds=seed_configs(problem, limits),
+            seeds=seed_configs(problem, limits, rows),
         )
         if result.best is None or result.timing is None:
             raise click.ClickException(

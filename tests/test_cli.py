@@ -269,3 +269,29 @@ def _study_log(quiet: bool) -> str:
 def test_tune_keeps_optunas_info_lines_out_of_the_output():
     assert "A new study created" in _study_log(quiet=False)  # the check can fail
     assert "A new study created" not in _study_log(quiet=True)
+
+
+def test_a_tune_worker_passes_the_seeds_for_its_rows(monkeypatch):
+    # `--workers N` runs the study in N processes and the parent's call after them finds it
+    # started, so only worker 0 can enqueue the seeds; before session 24 no worker passed them
+    # and a multi-worker search began without its starting points.
+    from autonorm import tuner
+    from autonorm.space import H200, seed_configs
+
+    class _Closable:
+        pool = None
+
+        def close(self) -> None:
+            pass
+
+    seen = {}
+    monkeypatch.setattr(cli, "_tuning_parts",
+                        lambda problem, rows, quiet=False: (None, _Closable(), H200, None,
+                                                            _Closable()))
+    monkeypatch.setattr(tuner, "tune", lambda *a, **kw: seen.update(kw))
+    problem = Problem(16384, "float32")
+    spec = {"problem": problem.__dict__, "rows": 1, "storage": "x.journal", "study": "s",
+            "settings": {"n_trials": 4, "timeout_s": 1.0, "seed": 0}}
+    cli._tune_worker(0, spec)
+    assert seen["seeds"] == seed_configs(problem, H200, 1) and seen["worker_index"] == 0
+    assert any(c.cluster == 8 for c in seen["seeds"])  # rows 1: the latency seeds too
