@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import argparse
 
-from autonorm import codegen
+from autonorm import codegen, space
 from autonorm.db import TuningDB, TuningKey
 from autonorm.device import query_device
 from autonorm.evaluator import GpuEvaluator
 from autonorm.space import KernelConfig, Problem
 
 
-def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str) -> None:
+def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str,
+            dry_run: bool = False) -> None:
     """Settle ``spec``'s shipped winner against its challengers; store a challenger that wins."""
     shape, labels = spec.split("=")
     dtype_hidden, _, rows_text = shape.partition("@")
@@ -66,7 +67,9 @@ def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str) ->
     print(f"{shape}: again, shipped {t_inc.median_us:.2f} us against {best.label()} "
           f"{t_best.median_us:.2f} us {t_best.share * 100:.1f}% "
           f"x{t_inc.median_us / t_best.median_us:.3f}", flush=True)
-    if t_inc.median_us / t_best.median_us >= 1 + min_gain:
+    if dry_run:
+        print(f"{shape}: dry run, nothing stored", flush=True)
+    elif t_inc.median_us / t_best.median_us >= 1 + min_gain:
         metrics = t_best.metrics(rows=rows, trials=shipped.metrics.get("trials"),
                                  copy_gbps=t_best.copy_gbps, settled=f"head-to-head, {note}")
         db.set_winner(key, best.to_dict(), metrics)
@@ -84,10 +87,17 @@ def main() -> None:
                     help="the challenger's least speed-up over the winner, in both re-times")
     ap.add_argument("--note", default="promote_lab",
                     help="where the settlement was made, stored in the winner's metrics")
+    ap.add_argument("--dry-run", action="store_true", help="time and report; store nothing")
+    ap.add_argument("--bulk-max-iters", type=int, default=0,
+                    help="admit bulk configs of up to this many vectors a thread (lab only: "
+                         "implies --dry-run, the product's space stays as it is)")
     args = ap.parse_args()
+    if args.bulk_max_iters:
+        space.BULK_MAX_ITERS = args.bulk_max_iters
+        args.dry_run = True
     with TuningDB(args.db) as db:
         for spec in args.specs:
-            promote(db, spec, args.rounds, args.min_gain, args.note)
+            promote(db, spec, args.rounds, args.min_gain, args.note, args.dry_run)
 
 
 if __name__ == "__main__":
