@@ -670,6 +670,9 @@ def test_a_few_rows_add_clustered_latency_seeds():
         extra = [s for s in few if s not in space.seed_configs(problem)]
         assert [(s.cluster, s.threads, s.stages, s.cache) for s in extra] == [
             (8, 128, 1, "bulk"), (4, 128, 1, "bulk")], dtype
+        # measured first after the default: the bucket searches stop after 10 trials
+        assert few[0] == default_config(problem) and few[1:3] == extra
+        assert sorted(few, key=str) == sorted(space.seed_configs(problem) + extra, key=str)
         assert all(check(s, problem) == [] for s in extra)
         assert [s.cluster for s in space.latency_seed_configs(problem, 16)] == [8, 4]
         assert [s.cluster for s in space.latency_seed_configs(problem, 32)] == [4]
