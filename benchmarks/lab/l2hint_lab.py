@@ -11,7 +11,10 @@ bulk winners, interleaved, verified against float64.
     python benchmarks/lab/l2hint_lab.py --out $OUT --rounds 9   # GPU machine
     python benchmarks/lab/l2hint_lab.py --offline               # registers and spills, nvcc
 
-Build the trees from the repo root: for P in evict_first evict_unchanged: ``cp -r templates
+Call s24h (``--policies evict_last,evict_last_half``): after evict_first cost x0.95-0.98, the
+opposite, x's lines kept; ``evict_last_half`` is the same tree with the policy's fraction 1.0 set
+to 0.5 (half of x's lines hinted, the rest unchanged). Build the trees from the repo root: for P
+in evict_first evict_unchanged: ``cp -r templates
 benchmarks/lab/templates_$P && (cd benchmarks/lab/templates_$P && patch -p1 <
 ../tree_patches/s24_x_cache_hint.patch) && sed -i s/@POLICY@/$P/
 benchmarks/lab/templates_$P/layernorm_bulk.cu.j2``.
@@ -32,26 +35,30 @@ from autonorm.evaluator import GpuEvaluator
 from autonorm.space import H200, KernelConfig, Problem
 
 HERE = Path(__file__).parent
-POLICIES = ("evict_first", "evict_unchanged")
+POLICIES = ("evict_first", "evict_unchanged")  # call s24g; s24h: --policies
 SHAPES = [("bfloat16", 32768), ("bfloat16", 65536), ("float16", 32768), ("float16", 65536),
           ("bfloat16", 16384), ("bfloat16", 12288), ("float32", 16384), ("float32", 32768),
           ("float32", 65536)]
 
 
-def plan() -> dict[tuple[str, int], list[tuple[str, str]]]:
+def plan(policies: tuple[str, ...]) -> dict[tuple[str, int], list[tuple[str, str]]]:
     """Each shape's (variant, label) entries: the shipped winner in every tree."""
     db = sqlite3.connect(HERE.parents[1] / "tuning_db" / "autonorm.db")
     out: dict[tuple[str, int], list[tuple[str, str]]] = {}
     for dtype, hidden in SHAPES:
         winner = top_configs(db, dtype, hidden, 1)[0].label()
-        out[dtype, hidden] = [("prod", winner)] + [(p, winner) for p in POLICIES]
+        out[dtype, hidden] = [("prod", winner)] + [(p, winner) for p in policies]
     return out
 
 
 def main() -> None:
-    args = lab_eval.lab_arguments().parse_args()
-    the_plan = plan()
-    renders = {p: renderer(HERE / f"templates_{p}") for p in POLICIES}
+    ap = lab_eval.lab_arguments()
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="tree suffixes, comma-separated (templates_<policy>)")
+    args = ap.parse_args()
+    policies = tuple(args.policies.split(","))
+    the_plan = plan(policies)
+    renders = {p: renderer(HERE / f"templates_{p}") for p in policies}
     if args.offline:
         for t, render in renders.items():  # one tree a file: the trees' kernels share names
             kernels = [render(KernelConfig.from_label(label), Problem(h, d), H200)
