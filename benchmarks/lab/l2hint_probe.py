@@ -9,6 +9,10 @@ winners, back to back and in single launches. Two ways that could mislead:
 2. Neighbours: after the kernel, L2 may hold x's lines at high priority, where the next kernel
    (a GEMM reading y, say) wants its own. After one launch, a victim buffer (16 and 40 MB) is read
    twice and the second read timed: it should hit L2, and after the product's kernel it does.
+   Call s24i read it with ``cupy.sum`` (1.3-1.7 TB/s: not bandwidth-bound, a blunt probe); call
+   s24j with a 16-byte-load reader, and adds ``evict_last_reset`` (each landed tile's x lines
+   set back to evict_normal by ``applypriority``, tree patch ``s24_x_evict_last_reset.patch``
+   over ``templates_evict_last``).
 
     python benchmarks/lab/l2hint_probe.py --out $OUT   # GPU machine, trees as l2hint_lab.py
 """
@@ -42,24 +46,45 @@ def rotate(ev: GpuEvaluator, n_sets: int) -> None:
     ev.n_sets = n_sets
 
 
+READER = r"""
+extern "C" __global__ void read_all(const int4* __restrict__ p, unsigned long long n, int* out) {
+  int acc = 0;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    const int4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) *out = acc;  // never (the buffer is ones): keeps the loads
+}
+"""
+
+
 def victim_us(ev: GpuEvaluator, config: KernelConfig | None, victim_mb: int,
               samples: int = 25) -> float:
     """Median time of a second read of a ``victim_mb`` buffer right after one launch."""
     import cupy
+
+    reader = cupy.RawKernel(READER, "read_all")
 
     launch = ev._launcher(ev._compile(config)) if config else None  # noqa: SLF001
     flush = cupy.ones(bench.FLUSH_L2_MULTIPLE * ev.info.l2_bytes // 4, dtype=cupy.int32)
     v = cupy.ones(victim_mb * (1 << 20) // 4, dtype=cupy.int32)
     stream = cupy.cuda.Stream(non_blocking=True)
     pairs = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(samples)]
+    out = cupy.zeros(1, dtype=cupy.int32)
+    n = cupy.uint64(v.size // 4)
+
+    def read() -> None:
+        reader((132 * 8,), (256,), (v, n, out))
+
     with stream:
         for i, (a, b) in enumerate(pairs):
             flush.sum()
             if launch:
                 launch(i % ev.n_sets, stream.ptr)
-            v.sum()
+            read()
             a.record(stream)
-            v.sum()
+            read()
             b.record(stream)
     stream.synchronize()
     return statistics.median(cupy.cuda.get_elapsed_time(a, b) * 1e3 for a, b in pairs)
@@ -68,17 +93,18 @@ def victim_us(ev: GpuEvaluator, config: KernelConfig | None, victim_mb: int,
 def main() -> None:
     ap = lab_eval.lab_arguments(offline=False)
     args = ap.parse_args()
-    render = renderer(HERE / "templates_evict_last")
+    trees = ("evict_last", "evict_last_reset")
     records = []
     for dtype, hidden, label in SHAPES:
         problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
         cfg = KernelConfig.from_label(label)
-        evs = {"prod": GpuEvaluator(problem, rows),
-               "evict_last": lab_eval.RenderingEvaluator(render, problem, rows)}
+        evs = {"prod": GpuEvaluator(problem, rows)} | {
+            t: lab_eval.RenderingEvaluator(renderer(HERE / f"templates_{t}"), problem, rows)
+            for t in trees}
         for name, ev in evs.items():
             o = ev.evaluate(cfg)
             assert o.status == "ok", (name, o.status, o.error)
-        for n_sets in (2, 4):
+        for n_sets in (2,):
             for ev in evs.values():
                 rotate(ev, n_sets)
             t = {name: [] for name in evs}
@@ -86,17 +112,16 @@ def main() -> None:
                 for name, ev in evs.items():
                     t[name].append(ev.time_single(cfg).median_us)
             us = {name: statistics.median(v) for name, v in t.items()}
-            print(f"{dtype:8s} {hidden:6d} {label:36s} sets {n_sets}: prod {us['prod']:7.2f} us "
-                  f"evict_last {us['evict_last']:7.2f} us x{us['prod'] / us['evict_last']:.3f}",
-                  flush=True)
+            print(f"{dtype:8s} {hidden:6d} {label:36s} sets {n_sets}: " + ", ".join(
+                f"{k} {v:7.2f} us x{us['prod'] / v:.3f}" for k, v in us.items()), flush=True)
             records.append(dict(dtype=dtype, hidden=hidden, label=label, sets=n_sets, **us))
         for mb in (16, 40):
             ev = evs["prod"]
             base = victim_us(ev, None, mb)
             after = {name: victim_us(e, cfg, mb) for name, e in evs.items()}
             print(f"{dtype:8s} {hidden:6d} victim {mb} MB second read: after a flush only "
-                  f"{base:6.2f} us, after prod {after['prod']:6.2f} us, after evict_last "
-                  f"{after['evict_last']:6.2f} us", flush=True)
+                  f"{base:6.2f} us, " + ", ".join(f"after {k} {v:6.2f} us"
+                                                  for k, v in after.items()), flush=True)
             records.append(dict(dtype=dtype, hidden=hidden, victim_mb=mb, flush_only=base,
                                 **{f"after_{k}": v for k, v in after.items()}))
         del evs
