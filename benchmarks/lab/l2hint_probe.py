@@ -12,7 +12,8 @@ winners, back to back and in single launches. Two ways that could mislead:
    Call s24i read it with ``cupy.sum`` (1.3-1.7 TB/s: not bandwidth-bound, a blunt probe); call
    s24j with a 16-byte-load reader, and adds ``evict_last_reset`` (each landed tile's x lines
    set back to evict_normal by ``applypriority``, tree patch ``s24_x_evict_last_reset.patch``
-   over ``templates_evict_last``).
+   over ``templates_evict_last``). Call s24k: ``--trees evict_last,evict_last_half,
+   evict_last_quarter`` (the policy's fraction 1.0, 0.5, 0.25): the gain against the penalty.
 
     python benchmarks/lab/l2hint_probe.py --out $OUT   # GPU machine, trees as l2hint_lab.py
 """
@@ -92,8 +93,10 @@ def victim_us(ev: GpuEvaluator, config: KernelConfig | None, victim_mb: int,
 
 def main() -> None:
     ap = lab_eval.lab_arguments(offline=False)
+    ap.add_argument("--trees", default="evict_last,evict_last_reset",
+                    help="tree suffixes, comma-separated (templates_<tree>)")
     args = ap.parse_args()
-    trees = ("evict_last", "evict_last_reset")
+    trees = tuple(args.trees.split(","))
     records = []
     for dtype, hidden, label in SHAPES:
         problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
