@@ -344,13 +344,15 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
               help="tiles in flight (bulk-copy kernel only; --cache bulk defaults to 2)")
 @click.option("--max-regs", type=click.Choice([str(m) for m in MAX_REGS]), default=None,
               help="registers per thread (0: as the estimate's occupancy allows)")
+@click.option("--keep-x/--no-keep-x", default=None,
+              help="hint x's copies to stay in L2 (bulk-copy kernel only)")
 def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
     """Print the CUDA source of one configuration (unset fields come from the default)."""
     from autonorm import codegen
 
     problem = _problem(hidden, dtype, not no_weight, not no_bias)
     base = default_config(problem).to_dict()
-    chosen = {k: (int(v) if k not in ("cache", "stats") else v)
+    chosen = {k: (int(v) if k not in ("cache", "stats", "keep_x") else v)
               for k, v in fields.items() if v is not None}
     if chosen.get("cache") == "bulk":
         # The bulk-copy kernel fixes its statistics and grid; it needs stages.

@@ -313,6 +313,7 @@ def render(
         "stats": config_.stats,
         "scratch_bytes": SCRATCH_SMEM,
         "STAGES": config_.stages,
+        "KEEP_X": config_.keep_x,
         "WREG": wreg,
         "FTILE": ftile,
         "stage_bytes": bulk_stage_bytes(config_, problem),

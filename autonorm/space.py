@@ -184,7 +184,8 @@ H200 = DeviceLimits()
 
 
 # The form KernelConfig.label() writes (the stages and register-cap suffixes only when set).
-_LABEL = re.compile(r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(?:-m(\d+))?")
+_LABEL = re.compile(
+    r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(-k)?(?:-m(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,10 @@ class KernelConfig:
         max_regs: 0 lets the register estimate set the occupancy ptxas aims at; k > 0 caps a
             thread at k registers (``__launch_bounds__`` asks for that many more blocks per
             SM). The bulk-copy kernel sizes its own occupancy and takes 0.
+        keep_x: bulk-copy kernel only: x's copies carry an L2 ``evict_last`` hint, so L2 keeps
+            x's lines ahead of y's. The kernel ran x1.02-1.05 at nine bulk winners (H200,
+            benchmarks/NOTES.md 117), and a GEMM reading y after it lost nothing; a kernel that
+            re-reads 16-40 MB from L2 right after it pays 0.2-3.6 us.
 
     """
 
@@ -224,6 +229,7 @@ class KernelConfig:
     blocks_per_sm: int = 0
     stages: int = 0
     max_regs: int = 0
+    keep_x: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Return the configuration as a plain dict (for JSON, Optuna and the DB)."""
@@ -257,13 +263,15 @@ class KernelConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a kernel label: {label!r} (e.g. t256v8r1-smem-two_pass-c1-p0)")
-        t, v, r, cache, stats, c, p, s, m = match.groups()
-        return cls(int(t), int(v), int(r), cache, stats, int(c), int(p), int(s or 0), int(m or 0))
+        t, v, r, cache, stats, c, p, s, k, m = match.groups()
+        return cls(int(t), int(v), int(r), cache, stats, int(c), int(p), int(s or 0), int(m or 0),
+                   bool(k))
 
     def label(self) -> str:
         """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``.
 
-        Bulk configs end in their stages (``-s2``), capped ones in their registers (``-m64``).
+        Bulk configs end in their stages (``-s2``) and, keeping x in L2, ``-k``; capped ones in
+        their registers (``-m64``).
         """
         label = (
             f"t{self.threads}v{self.vec}r{self.rows_per_block}-{self.cache}-{self.stats}"
@@ -271,6 +279,8 @@ class KernelConfig:
         )
         if self.stages:
             label += f"-s{self.stages}"
+        if self.keep_x:
+            label += "-k"
         return f"{label}-m{self.max_regs}" if self.max_regs else label
 
 
@@ -481,8 +491,11 @@ def check(
         return reasons
     if config.cache == "bulk":
         reasons.extend(_bulk_reasons(config, problem, device))
-    elif config.stages:
-        reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
+    else:
+        if config.stages:
+            reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
+        if config.keep_x:
+            reasons.append("keep_x applies to the bulk-copy kernel only (cache='bulk')")
     if reasons:
         return reasons
 
@@ -673,8 +686,9 @@ def require_valid(
 def iter_space() -> Iterator[KernelConfig]:
     """Yield every point of the raw space (valid or not), in a fixed order.
 
-    Stages belong to the bulk-copy kernel, which takes two-pass statistics, an occupancy-sized
-    grid and no register cap only: its other combinations are left out rather than checked.
+    Stages and keep_x belong to the bulk-copy kernel, which takes two-pass statistics, an
+    occupancy-sized grid and no register cap only: its other combinations are left out rather
+    than checked.
     """
     for t, v, r, c, s, cl, p in itertools.product(
         THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM
@@ -683,8 +697,8 @@ def iter_space() -> Iterator[KernelConfig]:
             for m in MAX_REGS:
                 yield KernelConfig(t, v, r, c, s, cl, p, 0, m)
         elif s == "two_pass" and p == 0:
-            for st in STAGES[1:]:
-                yield KernelConfig(t, v, r, c, s, cl, p, st)
+            for st, keep in itertools.product(STAGES[1:], (False, True)):
+                yield KernelConfig(t, v, r, c, s, cl, p, st, keep_x=keep)
 
 
 def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
@@ -854,7 +868,8 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
 
     The lab sweep (benchmarks/NOTES.md, 2026-11-29, ~3,000 kernels) found its winners there:
     256-512 threads, 2-4 stages, a cluster of 2 for bf16 65536 and fp32 32768, of 4 for fp32
-    65536, rows of 16-32 KB alone and smaller rows grouped into tiles.
+    65536, rows of 16-32 KB alone and smaller rows grouped into tiles. They keep x in L2
+    (``keep_x``: x1.02-1.05 at all nine bulk winners it was set against, NOTES.md 117).
     """
     if device.cc < 90:
         return []
@@ -873,7 +888,8 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
         # fp32 32768 x1.010; NOTES.md 77), and the cap of MAX_BULK_SEEDS cut them off.
         for threads in (512, 256, 1024):
             for stages in (2, 3):
-                cfg = KernelConfig(threads, vec, rows, "bulk", "two_pass", cluster, 0, stages)
+                cfg = KernelConfig(threads, vec, rows, "bulk", "two_pass", cluster, 0, stages,
+                                   keep_x=True)
                 if cfg not in seeds and not check(cfg, problem, device):
                     seeds.append(cfg)
     return seeds[:MAX_BULK_SEEDS]

@@ -280,8 +280,8 @@ def suggest_config(trial: Trial) -> KernelConfig:
     """Ask ``trial`` for one point of the template family (parameters named as the fields).
 
     The bulk-copy kernel fixes its statistics (two-pass), grid and registers (occupancy) and
-    alone takes ``stages``: those parameters are asked conditionally, so no ask is spent on
-    combinations that cannot exist.
+    alone takes ``stages`` and ``keep_x``: those parameters are asked conditionally, so no ask
+    is spent on combinations that cannot exist.
     """
     threads = trial.suggest_categorical("threads", space.THREADS)
     vec = trial.suggest_categorical("vec", space.VECS)
@@ -290,9 +290,11 @@ def suggest_config(trial: Trial) -> KernelConfig:
     cluster = trial.suggest_categorical("cluster", space.CLUSTERS)
     if cache == "bulk":
         stages = trial.suggest_categorical("stages", space.STAGES[1:])
+        keep_x = trial.suggest_categorical("keep_x", (False, True))
         return KernelConfig(
             threads=threads, vec=vec, rows_per_block=rows_per_block, cache=cache,
-            cluster=cluster, stages=stages, **space.BULK_FIXED,  # type: ignore[arg-type]
+            cluster=cluster, stages=stages, keep_x=keep_x,
+            **space.BULK_FIXED,  # type: ignore[arg-type]
         )
     return KernelConfig(
         threads=threads,
@@ -461,7 +463,7 @@ class _Ask:
 
 
 _COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster"})
-_BULK_PARAMS = _COMMON_PARAMS | {"stages"}
+_BULK_PARAMS = _COMMON_PARAMS | {"stages", "keep_x"}
 _OTHER_PARAMS = _COMMON_PARAMS | set(space.BULK_FIXED)
 
 

@@ -443,18 +443,18 @@ def test_bulk_kernels_compile_without_spills():
 # --------------------------------------------------------------------------- tuner
 
 BULK_PARAMS = {"threads": 512, "vec": 8, "rows_per_block": 1, "cache": "bulk", "cluster": 2,
-               "stages": 2}
+               "stages": 2, "keep_x": True}
 
 
 def test_suggest_config_asks_stages_only_for_bulk():
     trial = FixedTrial(BULK_PARAMS)  # no stats, no blocks_per_sm: they are not asked
     cfg = suggest_config(trial)
-    assert cfg == KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2)
+    assert cfg == KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2, keep_x=True)
     assert trial.params == BULK_PARAMS
     assert KernelConfig.from_dict(trial.params) == cfg
     other = {"threads": 256, "vec": 8, "rows_per_block": 1, "cache": "smem", "cluster": 1,
              "stats": "two_pass", "blocks_per_sm": 2, "max_regs": 64}
-    trial = FixedTrial(other)  # no stages
+    trial = FixedTrial(other)  # no stages, no keep_x
     cfg = suggest_config(trial)
     assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0, 64)
     assert trial.params == other and KernelConfig.from_dict(trial.params) == cfg
@@ -508,3 +508,25 @@ def test_a_study_reaches_bulk_configs(tmp_path):
         distributions={k: v for k, v in first.distributions.items() if k != "stages"},
     )
     assert not tuner._has_all_params(partial)
+
+
+def test_keep_x_is_a_bulk_variant_with_its_own_label_and_render():
+    problem = Problem(16384, "bfloat16")
+    for cluster in (1, 4):
+        plain = KernelConfig(256, 8, 1, "bulk", "two_pass", cluster, 0, 3)
+        kept = dataclasses.replace(plain, keep_x=True)
+        assert kept.label() == plain.label() + "-k"
+        assert KernelConfig.from_label(kept.label()) == kept
+        assert KernelConfig.from_dict(kept.to_dict()) == kept
+        assert check(kept, problem) == []
+        # the hint is in the kept render only, on every copy of x
+        kept_src, plain_src = render(kept, problem).source, render(plain, problem).source
+        assert "L2::evict_last" in kept_src and "cache_hint" not in plain_src
+        assert kept_src.count(".L2::cache_hint [%0], [%1], %2, [%3], %4;") == 1
+    # configs stored before keep_x existed read as the plain kernel
+    old = {k: v for k, v in plain.to_dict().items() if k != "keep_x"}
+    assert KernelConfig.from_dict(old) == plain
+    smem = KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, keep_x=True)
+    assert any("keep_x" in r for r in check(smem, problem))
+    assert {c.keep_x for c in enumerate_space(problem) if c.cache == "bulk"} == {False, True}
+    assert all(c.keep_x for c in bulk_seed_configs(problem))

@@ -41,9 +41,9 @@ MIN_KERNELS = 50
 AFFINE = ((True, False), (False, True), (False, False))
 
 
-def variant(cfg: KernelConfig) -> tuple[str, str, bool, bool]:
-    """The template branches a configuration takes: cache, stats, cluster, prefetch."""
-    return (cfg.cache, cfg.stats, cfg.cluster > 1, prefetches(cfg))
+def variant(cfg: KernelConfig) -> tuple[str, str, bool, bool, bool]:
+    """The template branches a configuration takes: cache, stats, cluster, prefetch, keep_x."""
+    return (cfg.cache, cfg.stats, cfg.cluster > 1, prefetches(cfg), cfg.keep_x)
 
 
 def code_label(cfg: KernelConfig) -> str:
@@ -184,11 +184,12 @@ def test_sweep_includes_defaults_and_every_variant():
             assert (problem, default_config(problem)) in configs
         variants = {variant(k.config) for k in kernels}
         # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register
-        # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster
-        assert len(variants) == 16, sorted(variants)
+        # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster x
+        # keep_x
+        assert len(variants) == 18, sorted(variants)
         assert {v for v in variants if v[0] == "bulk"} == {
-            ("bulk", "two_pass", False, False),
-            ("bulk", "two_pass", True, False),
+            ("bulk", "two_pass", cluster, False, keep)
+            for cluster in (False, True) for keep in (False, True)
         }
         # every hidden size has a bulk kernel (fp32 65536 only with a cluster: 16 vectors per
         # thread at 1024 threads exceed the bulk kernel's 8)

@@ -202,3 +202,22 @@ def test_dispatch_runs_the_dynamic_schedule_verified() -> None:
     assert kernel.plan.resident  # the bulk kernel
     result = verify(kernel, Problem(hidden, dtype))
     assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize(("config", "hidden", "dtype"), CASES, ids=lambda v: str(v))
+def test_keep_x_writes_the_same_bits(config, hidden, dtype) -> None:  # noqa: ANN001
+    # keep_x changes only the L2 priority of x's copies, never a row's arithmetic: the same
+    # bits, both schedules (a dirty counter shows these equalities can fail, above).
+    import dataclasses
+
+    from autonorm import codegen, compiler, workspace
+
+    kept = dataclasses.replace(config, keep_x=True)
+    rendered = codegen.render(kept, Problem(hidden, dtype))
+    assert "L2::evict_last" in rendered.source
+    kernel, x, w, b, rows = _setup(config, hidden, dtype)
+    keep_kernel = compiler.compile_kernel(rendered)
+    counter = workspace.new_counter(0)
+    for work_ptr in (0, counter.data.ptr):
+        plain = _run(kernel, x, w, b, rows, work_ptr=work_ptr)
+        assert _same_bits(_run(keep_kernel, x, w, b, rows, work_ptr=work_ptr), plain)
