@@ -183,7 +183,8 @@ class DeviceLimits:
 H200 = DeviceLimits()
 
 
-# The form KernelConfig.label() writes (the stages and register-cap suffixes only when set).
+# The form KernelConfig.label() writes (the stages, keep_x and register-cap suffixes only when
+# set).
 _LABEL = re.compile(
     r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(-k)?(?:-m(\d+))?")
 
