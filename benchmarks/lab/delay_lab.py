@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import lab_eval
 from ab_lab import top_configs
 from tree_render import renderer
-
-from autonorm import compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
 
 HERE = Path(__file__).parent
 DELAYS = (0, 1000, 2000, 4000)
@@ -62,28 +57,7 @@ def main() -> None:
     args = lab_eval.lab_arguments().parse_args()
     the_plan = plan()
     renders = {f"d{d}": renderer(HERE / f"templates_d{d}") for d in DELAYS}
-    if args.offline:
-        for t, render in renders.items():  # one tree a file: the trees' kernels share names
-            kernels = [render(KernelConfig.from_label(label), Problem(h, d), H200)
-                       for (d, h), entries in the_plan.items() for tt, label in entries
-                       if tt == t]
-            reports = compiler.compile_offline(kernels, "sm_90")
-            for k in kernels:
-                r = reports[k.name]
-                print(t, k.problem.dtype, k.problem.hidden, k.config.label(), "registers",
-                      r.registers, "spill stores", r.spill_stores)
-        return
-
-    def entries_for(shape: Any, pool: compiler.CompilePool) -> tuple[str, int, list]:
-        (dtype, hidden), entries = shape
-        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
-        prod = GpuEvaluator(problem, rows, pool=pool)
-        evs = {t: lab_eval.RenderingEvaluator(r, problem, rows, pool=pool)
-               for t, r in renders.items()}
-        return dtype, hidden, [(t, evs.get(t, prod), KernelConfig.from_label(label))
-                               for t, label in entries]
-
-    lab_eval.run_plan("delay_lab", the_plan.items(), entries_for, args.rounds, args.out)
+    lab_eval.run_trees_lab("delay_lab", the_plan, renders, args)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,12 @@ bulk winners, interleaved, verified against float64.
 
 Call s24h (``--policies evict_last,evict_last_half``): after evict_first cost x0.95-0.98, the
 opposite, x's lines kept; ``evict_last_half`` is the same tree with the policy's fraction 1.0 set
-to 0.5 (half of x's lines hinted, the rest unchanged). Build the trees from the repo root: for P
-in evict_first evict_unchanged: ``cp -r templates
-benchmarks/lab/templates_$P && (cd benchmarks/lab/templates_$P && patch -p1 <
+to 0.5 (half of x's lines hinted, the rest unchanged).
+
+The patches apply to the templates of bec69b6 (hash 813277effbea; since e17d13f the product
+renders the evict_last tree as ``keep_x``). From the repo root: ``mkdir base && git archive
+bec69b6 templates | tar -x -C base``; then for P in evict_first evict_unchanged: ``cp -r
+base/templates benchmarks/lab/templates_$P && (cd benchmarks/lab/templates_$P && patch -p1 <
 ../tree_patches/s24_x_cache_hint.patch) && sed -i s/@POLICY@/$P/
 benchmarks/lab/templates_$P/layernorm_bulk.cu.j2``.
 """
@@ -24,15 +27,10 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import lab_eval
 from ab_lab import top_configs
 from tree_render import renderer
-
-from autonorm import compiler
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import H200, KernelConfig, Problem
 
 HERE = Path(__file__).parent
 POLICIES = ("evict_first", "evict_unchanged")  # call s24g; s24h: --policies
@@ -59,28 +57,7 @@ def main() -> None:
     policies = tuple(args.policies.split(","))
     the_plan = plan(policies)
     renders = {p: renderer(HERE / f"templates_{p}") for p in policies}
-    if args.offline:
-        for t, render in renders.items():  # one tree a file: the trees' kernels share names
-            kernels = [render(KernelConfig.from_label(label), Problem(h, d), H200)
-                       for (d, h), entries in the_plan.items() for tt, label in entries
-                       if tt == t]
-            reports = compiler.compile_offline(kernels, "sm_90")
-            for k in kernels:
-                r = reports[k.name]
-                print(t, k.problem.dtype, k.problem.hidden, k.config.label(), "registers",
-                      r.registers, "spill stores", r.spill_stores)
-        return
-
-    def entries_for(shape: Any, pool: compiler.CompilePool) -> tuple[str, int, list]:
-        (dtype, hidden), entries = shape
-        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
-        prod = GpuEvaluator(problem, rows, pool=pool)
-        evs = {t: lab_eval.RenderingEvaluator(r, problem, rows, pool=pool)
-               for t, r in renders.items()}
-        return dtype, hidden, [(t, evs.get(t, prod), KernelConfig.from_label(label))
-                               for t, label in entries]
-
-    lab_eval.run_plan("l2hint_lab", the_plan.items(), entries_for, args.rounds, args.out)
+    lab_eval.run_trees_lab("l2hint_lab", the_plan, renders, args)
 
 
 if __name__ == "__main__":

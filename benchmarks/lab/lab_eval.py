@@ -105,6 +105,36 @@ def run_tree_lab(name: str, plan: dict[tuple[str, int], list[tuple[str, str]]], 
     run_plan(name, plan.items(), entries_for, args.rounds, args.out)
 
 
+def run_trees_lab(name: str, plan: dict[tuple[str, int], list[tuple[str, str]]],
+                  renders: dict[str, Render], args: argparse.Namespace) -> None:
+    """The many-tree lab: each shape's (variant, label) entries, a variant named in ``renders``
+    through that tree and any other through the product, compared by :func:`run_plan` at rows =
+    2^26 / hidden (delay_lab, l2hint_lab). With ``args.offline`` each tree's kernels are
+    compiled with nvcc instead (one tree a batch: the trees' kernels share names) and printed
+    with their registers and spill stores; no GPU.
+    """
+    if args.offline:
+        for t, render in renders.items():
+            kernels = [render(KernelConfig.from_label(label), Problem(h, d), H200)
+                       for (d, h), entries in plan.items() for tt, label in entries if tt == t]
+            reports = compiler.compile_offline(kernels, "sm_90")
+            for k in kernels:
+                r = reports[k.name]
+                print(t, k.problem.dtype, k.problem.hidden, k.config.label(), "registers",
+                      r.registers, "spill stores", r.spill_stores)
+        return
+
+    def entries_for(shape: Any, pool: compiler.CompilePool) -> tuple[str, int, list[Entry]]:
+        (dtype, hidden), entries = shape
+        problem, rows = Problem(hidden, dtype), (1 << 26) // hidden
+        prod = GpuEvaluator(problem, rows, pool=pool)
+        evs = {t: RenderingEvaluator(r, problem, rows, pool=pool) for t, r in renders.items()}
+        return dtype, hidden, [(t, evs.get(t, prod), KernelConfig.from_label(label))
+                               for t, label in entries]
+
+    run_plan(name, plan.items(), entries_for, args.rounds, args.out)
+
+
 def run_label_lab(name: str, plan: dict[tuple[str, int], list[str]], tag: str) -> None:
     """The one-tree lab: each shape's configs (labels) through the product's evaluator, the
     first named ``"ship"`` (the shipped winner, the reference) and the rest ``tag``, compared by
