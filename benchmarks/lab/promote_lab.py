@@ -19,6 +19,7 @@ no evidence, and the shipped winner was put back by hand.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from autonorm import codegen, space
 from autonorm.db import TuningDB, TuningKey
@@ -78,10 +79,32 @@ def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str,
         print(f"{shape}: shipped winner kept", flush=True)
 
 
+def keep_x_twin_specs(db: TuningDB, device: str, version: str) -> list[str]:
+    """A spec for every bulk winner of ``device`` and ``version`` without keep_x: its ``-k`` twin.
+
+    The rows are those the winner was timed at (its metrics), else its bucket. Winners of a
+    problem without weight or bias are left out (a spec names the affine problem).
+    """
+    specs = []
+    for w in db.winners(device):
+        cfg = KernelConfig.from_dict(w.config)
+        k = w.key
+        if (k.version != version or cfg.cache != "bulk" or cfg.keep_x
+                or not (k.has_weight and k.has_bias)):
+            continue
+        rows = int(w.metrics.get("rows") or k.rows_bucket)
+        twin = dataclasses.replace(cfg, keep_x=True)
+        specs.append(f"{k.dtype}:{k.hidden}@{rows}={twin.label()}")
+    return specs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("db")
-    ap.add_argument("specs", nargs="+", help="DTYPE:HIDDEN[@ROWS]=LABEL[,LABEL...]")
+    ap.add_argument("specs", nargs="*", help="DTYPE:HIDDEN[@ROWS]=LABEL[,LABEL...]")
+    ap.add_argument("--keep-x-twins", action="store_true",
+                    help="also set every bulk winner of this GPU and version without keep_x "
+                         "against its -k twin (session 24, NOTES.md 119)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-gain", type=float, default=0.003,
                     help="the challenger's least speed-up over the winner, in both re-times")
@@ -96,7 +119,10 @@ def main() -> None:
         space.BULK_MAX_ITERS = args.bulk_max_iters
         args.dry_run = True
     with TuningDB(args.db) as db:
-        for spec in args.specs:
+        specs = list(args.specs)
+        if args.keep_x_twins:
+            specs += keep_x_twin_specs(db, query_device().fingerprint, codegen.code_version())
+        for spec in specs:
             promote(db, spec, args.rounds, args.min_gain, args.note, args.dry_run)
 
 
