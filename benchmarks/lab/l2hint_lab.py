@@ -11,6 +11,12 @@ bulk winners, interleaved, verified against float64.
     python benchmarks/lab/l2hint_lab.py --out $OUT --rounds 9   # GPU machine
     python benchmarks/lab/l2hint_lab.py --offline               # registers and spills, nvcc
 
+Call s25b (``--policies fwdkeep --shapes ...``): the fwd kernel's x loads (``ld.global.nc`` and
+the smem fill's ``cp.async``) with the same evict_last policy, at the fwd kernel's winners; tree
+``templates_fwdkeep`` from ``tree_patches/s25_fwd_x_keep.patch`` on the templates of 1aa5d9d
+(hash e31221153f6e): ``cp -r templates benchmarks/lab/templates_fwdkeep && (cd
+benchmarks/lab/templates_fwdkeep && patch -p2 < ../tree_patches/s25_fwd_x_keep.patch)``.
+
 Call s24h (``--policies evict_last,evict_last_half``): after evict_first cost x0.95-0.98, the
 opposite, x's lines kept; ``evict_last_half`` is the same tree with the policy's fraction 1.0 set
 to 0.5 (half of x's lines hinted, the rest unchanged).
@@ -39,11 +45,12 @@ SHAPES = [("bfloat16", 32768), ("bfloat16", 65536), ("float16", 32768), ("float1
           ("float32", 65536)]
 
 
-def plan(policies: tuple[str, ...]) -> dict[tuple[str, int], list[tuple[str, str]]]:
+def plan(policies: tuple[str, ...], shapes: list[tuple[str, int]] = SHAPES,
+         ) -> dict[tuple[str, int], list[tuple[str, str]]]:
     """Each shape's (variant, label) entries: the shipped winner in every tree."""
     db = sqlite3.connect(HERE.parents[1] / "tuning_db" / "autonorm.db")
     out: dict[tuple[str, int], list[tuple[str, str]]] = {}
-    for dtype, hidden in SHAPES:
+    for dtype, hidden in shapes:
         winner = top_configs(db, dtype, hidden, 1)[0].label()
         out[dtype, hidden] = [("prod", winner)] + [(p, winner) for p in policies]
     return out
@@ -53,9 +60,13 @@ def main() -> None:
     ap = lab_eval.lab_arguments()
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help="tree suffixes, comma-separated (templates_<policy>)")
+    ap.add_argument("--shapes", default="",
+                    help="dtype:hidden pairs, comma-separated (default: the nine bulk winners)")
     args = ap.parse_args()
     policies = tuple(args.policies.split(","))
-    the_plan = plan(policies)
+    shapes = ([(d, int(h)) for d, h in (p.split(":") for p in args.shapes.split(","))]
+              if args.shapes else SHAPES)
+    the_plan = plan(policies, shapes)
     renders = {p: renderer(HERE / f"templates_{p}") for p in policies}
     lab_eval.run_trees_lab("l2hint_lab", the_plan, renders, args)
 
