@@ -15,7 +15,8 @@ Call s25b (``--policies fwdkeep --shapes ...``): the fwd kernel's x loads (``ld.
 the smem fill's ``cp.async``) with the same evict_last policy, at the fwd kernel's winners; tree
 ``templates_fwdkeep`` from ``tree_patches/s25_fwd_x_keep.patch`` on the templates of 1aa5d9d
 (hash e31221153f6e): ``cp -r templates benchmarks/lab/templates_fwdkeep && (cd
-benchmarks/lab/templates_fwdkeep && patch -p2 < ../tree_patches/s25_fwd_x_keep.patch)``.
+benchmarks/lab/templates_fwdkeep && patch layernorm_fwd.cu.j2 <
+../tree_patches/s25_fwd_x_keep.patch)``.
 
 Call s24h (``--policies evict_last,evict_last_half``): after evict_first cost x0.95-0.98, the
 opposite, x's lines kept; ``evict_last_half`` is the same tree with the policy's fraction 1.0 set
