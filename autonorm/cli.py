@@ -345,7 +345,7 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
 @click.option("--max-regs", type=click.Choice([str(m) for m in MAX_REGS]), default=None,
               help="registers per thread (0: as the estimate's occupancy allows)")
 @click.option("--keep-x/--no-keep-x", default=None,
-              help="hint x's copies to stay in L2 (bulk-copy kernel only)")
+              help="hint x's loads to stay in L2 (evict_last)")
 def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
     """Print the CUDA source of one configuration (unset fields come from the default)."""
     from autonorm import codegen

@@ -5,6 +5,8 @@ Environment variables:
     AUTONORM_CACHE_DIR: root of autonorm's per-user cache (compiled kernels, studies).
     AUTONORM_SHIPPED_DB: override the path of the read-only shipped database.
     AUTONORM_NO_SHIPPED_DB: set to 1 to ignore the shipped database (tests, A/B runs).
+    AUTONORM_NO_KEEP_X: set to 1 to dispatch tuned kernels without keep_x's L2 hint (for a
+        program whose next kernel re-reads tens of MB from L2; benchmarks/NOTES.md 117).
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ def shipped_db_path() -> Path | None:
     if packaged.is_file():
         return packaged
     return _PACKAGE_DIR.parent / "tuning_db" / "autonorm.db"
+
+
+def keep_x_allowed() -> bool:
+    """Whether dispatch may launch kernels that hint x to stay in L2 (``AUTONORM_NO_KEEP_X``).
+
+    The hint makes LayerNorm 1-5% faster, but L2 then holds x's lines ahead of others: a kernel
+    that re-reads 16-40 MB from L2 right after it ran 0.2-3.6 us slower on the H200.
+    """
+    return os.environ.get("AUTONORM_NO_KEEP_X", "") in ("", "0")
 
 
 def cache_dir() -> Path:

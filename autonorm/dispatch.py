@@ -7,12 +7,16 @@ Lookup order for a (device, dtype, hidden, affine flags, rows bucket):
 3. the same hidden size in the nearest rows bucket (user DB, then shipped DB);
 4. :func:`autonorm.space.default_config`, correct for any hidden size.
 
+Under ``AUTONORM_NO_KEEP_X=1`` the pick is launched without its L2 hint (``keep_x``): the same
+arithmetic and bits, a kernel that leaves L2's priorities alone.
+
 Compiled kernels are cached in the process: a call with a known key is a dict lookup, with no
 DB query and no compile.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +46,20 @@ _LOCK = threading.Lock()
 
 
 def choose_config(problem: Problem, rows: int, device_id: int = 0) -> Choice:
-    """Look up the configuration for ``problem`` at ``rows`` rows on a GPU (no compile)."""
+    """Look up the configuration for ``problem`` at ``rows`` rows on a GPU (no compile).
+
+    Under ``AUTONORM_NO_KEEP_X=1`` the configuration found is returned with ``keep_x`` off.
+    """
+    from autonorm import config
+
+    choice = _look_up(problem, rows, device_id)
+    if choice.config.keep_x and not config.keep_x_allowed():
+        return Choice(dataclasses.replace(choice.config, keep_x=False), choice.source)
+    return choice
+
+
+def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
+    """The lookup order of this module's docstring."""
     from autonorm import codegen, db
     from autonorm.device import query_device
 

@@ -214,10 +214,13 @@ class KernelConfig:
         max_regs: 0 lets the register estimate set the occupancy ptxas aims at; k > 0 caps a
             thread at k registers (``__launch_bounds__`` asks for that many more blocks per
             SM). The bulk-copy kernel sizes its own occupancy and takes 0.
-        keep_x: bulk-copy kernel only: x's copies carry an L2 ``evict_last`` hint, so L2 keeps
-            x's lines ahead of y's. The kernel ran x1.02-1.05 at nine bulk winners (H200,
-            benchmarks/NOTES.md 117), and a GEMM reading y after it lost nothing; a kernel that
-            re-reads 16-40 MB from L2 right after it pays 0.2-3.6 us.
+        keep_x: x's loads (the bulk kernel's copies, the other kernels' vector loads and
+            shared-memory fills) carry an L2 ``evict_last`` hint, so L2 keeps x's lines ahead
+            of y's. The bulk kernel ran x1.02-1.05 at nine winners (H200, benchmarks/NOTES.md
+            117), the fwd kernel x1.01-1.03 at the 16-bit winners of 768-4096 and x1.00 at
+            8192 and fp32 (121). A GEMM reading y after it lost nothing; a kernel that re-reads
+            16-40 MB from L2 right after it pays 0.2-3.6 us. Dispatch drops it under
+            ``AUTONORM_NO_KEEP_X=1``.
 
     """
 
@@ -495,8 +498,6 @@ def check(
     else:
         if config.stages:
             reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
-        if config.keep_x:
-            reasons.append("keep_x applies to the bulk-copy kernel only (cache='bulk')")
     if reasons:
         return reasons
 
@@ -558,6 +559,12 @@ def check(
             f"{config.threads}-thread fp32 kernels without a register cache spill at 64 registers "
             f"per thread with {shape.iters} vectors per thread here (nvcc 13.0)"
         )
+    if _spills_fp32_register_cache(config, problem, shape):
+        reasons.append(
+            f"an fp32 register row cache of {shape.iters} vectors per thread spills with "
+            f"{'Welford statistics' if config.stats == 'welford' else 'one-warp blocks'} "
+            "(nvcc 13.0)"
+        )
     need = smem_bytes(config, problem)
     if need > device.max_smem_optin:
         reasons.append(
@@ -589,11 +596,29 @@ def _spills_at_1024_fp32(config: KernelConfig, problem: Problem, shape: Shape) -
     return config.cache == "smem" and config.rows_per_block >= 32 and two_over
 
 
+def _spills_fp32_register_cache(config: KernelConfig, problem: Problem, shape: Shape) -> bool:
+    """True for the fp32 register row caches of 16 vectors a thread that ptxas spills.
+
+    At 16 vectors (32 elements at vec 2, 16 at vec 1) ptxas spills 16-92 bytes at its 96-128
+    register ceiling: Welford's at 1000-8192 (25 of 58 kernels, keep_x's policy register
+    among them) and the one-warp two-pass kernel at 1024. The register estimate admits them.
+    Found when keep_x doubled the offline sweep's variants; a sweep of all 232 fp32 register
+    caches of 10+ vectors at vec 1-2 over 11 hidden sizes spilled these and no other
+    (benchmarks/NOTES.md 122, 2026-11-30). The two-pass fp32 4096 winner, t256v2r2, is one
+    of the 16-vector caches that does not spill.
+    """
+    if not (problem.itemsize == 4 and config.cache == "registers" and config.cluster == 1
+            and shape.iters >= 16):
+        return False
+    return config.stats == "welford" or config.threads == 32
+
+
 def _max_regs_reasons(
     config: KernelConfig, problem: Problem, shape: Shape, device: DeviceLimits
 ) -> list[str]:
     """Why a register cap cannot apply to ``config`` (not a bulk config; ``shape`` is its own)."""
     reasons = []
+    held = 2 if prefetches(config) else 1
     if problem.itemsize == 4:
         # fp32 holds twice the registers per byte: 13 of 540 capped cluster-1 fp32 kernels
         # spilled, shared-memory and uncached ones among them, where 0 of 1,080 16-bit ones did
@@ -609,11 +634,15 @@ def _max_regs_reasons(
         reasons.append(f"max_regs {config.max_regs} applies to cluster 1 only: a cluster's "
                        "exchange spills under the cap")
     elif config.cache == "registers" and (
-        shape.iters * config.vec > MAX_REGS_CACHE_ELEMS or shape.iters > MAX_REGS_CACHE_ITERS
+        held * shape.iters * config.vec > MAX_REGS_CACHE_ELEMS
+        or held * shape.iters > MAX_REGS_CACHE_ITERS
     ):
+        # A prefetching cache holds the next row too: fp16 768's t128v8r4-p1-m64 (24 elements,
+        # 48 held) spilled 8 bytes at the cap (nvcc 13.0, NOTES.md 122).
         reasons.append(
-            f"max_regs {config.max_regs}: a register row cache of {shape.iters} vectors / "
-            f"{shape.iters * config.vec} elements per thread spills under the cap (limits "
+            f"max_regs {config.max_regs}: a register row cache of {held * shape.iters} vectors "
+            f"/ {held * shape.iters * config.vec} elements per thread"
+            f"{' (this row and the next)' if held == 2 else ''} spills under the cap (limits "
             f"{MAX_REGS_CACHE_ITERS} / {MAX_REGS_CACHE_ELEMS})"
         )
     if reasons:
@@ -687,18 +716,17 @@ def require_valid(
 def iter_space() -> Iterator[KernelConfig]:
     """Yield every point of the raw space (valid or not), in a fixed order.
 
-    Stages and keep_x belong to the bulk-copy kernel, which takes two-pass statistics, an
-    occupancy-sized grid and no register cap only: its other combinations are left out rather
-    than checked.
+    Stages belong to the bulk-copy kernel, which takes two-pass statistics, an occupancy-sized
+    grid and no register cap only: its other combinations are left out rather than checked.
     """
-    for t, v, r, c, s, cl, p in itertools.product(
-        THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM
+    for t, v, r, c, s, cl, p, keep in itertools.product(
+        THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM, (False, True)
     ):
         if c != "bulk":
             for m in MAX_REGS:
-                yield KernelConfig(t, v, r, c, s, cl, p, 0, m)
+                yield KernelConfig(t, v, r, c, s, cl, p, 0, m, keep_x=keep)
         elif s == "two_pass" and p == 0:
-            for st, keep in itertools.product(STAGES[1:], (False, True)):
+            for st in STAGES[1:]:
                 yield KernelConfig(t, v, r, c, s, cl, p, st, keep_x=keep)
 
 

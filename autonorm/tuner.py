@@ -280,17 +280,17 @@ def suggest_config(trial: Trial) -> KernelConfig:
     """Ask ``trial`` for one point of the template family (parameters named as the fields).
 
     The bulk-copy kernel fixes its statistics (two-pass), grid and registers (occupancy) and
-    alone takes ``stages`` and ``keep_x``: those parameters are asked conditionally, so no ask
-    is spent on combinations that cannot exist.
+    alone takes ``stages``: those parameters are asked conditionally, so no ask is spent on
+    combinations that cannot exist.
     """
     threads = trial.suggest_categorical("threads", space.THREADS)
     vec = trial.suggest_categorical("vec", space.VECS)
     rows_per_block = trial.suggest_categorical("rows_per_block", space.ROWS_PER_BLOCK)
     cache = trial.suggest_categorical("cache", space.CACHES)
     cluster = trial.suggest_categorical("cluster", space.CLUSTERS)
+    keep_x = trial.suggest_categorical("keep_x", (False, True))
     if cache == "bulk":
         stages = trial.suggest_categorical("stages", space.STAGES[1:])
-        keep_x = trial.suggest_categorical("keep_x", (False, True))
         return KernelConfig(
             threads=threads, vec=vec, rows_per_block=rows_per_block, cache=cache,
             cluster=cluster, stages=stages, keep_x=keep_x,
@@ -305,6 +305,7 @@ def suggest_config(trial: Trial) -> KernelConfig:
         cluster=cluster,
         blocks_per_sm=trial.suggest_categorical("blocks_per_sm", space.BLOCKS_PER_SM),
         max_regs=trial.suggest_categorical("max_regs", space.MAX_REGS),
+        keep_x=keep_x,
     )
 
 
@@ -462,8 +463,8 @@ class _Ask:
     original: int | None = None  # in-batch trial number a deferred duplicate waits for
 
 
-_COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster"})
-_BULK_PARAMS = _COMMON_PARAMS | {"stages", "keep_x"}
+_COMMON_PARAMS = frozenset({"threads", "vec", "rows_per_block", "cache", "cluster", "keep_x"})
+_BULK_PARAMS = _COMMON_PARAMS | {"stages"}
 _OTHER_PARAMS = _COMMON_PARAMS | set(space.BULK_FIXED)
 
 

@@ -453,10 +453,10 @@ def test_suggest_config_asks_stages_only_for_bulk():
     assert trial.params == BULK_PARAMS
     assert KernelConfig.from_dict(trial.params) == cfg
     other = {"threads": 256, "vec": 8, "rows_per_block": 1, "cache": "smem", "cluster": 1,
-             "stats": "two_pass", "blocks_per_sm": 2, "max_regs": 64}
-    trial = FixedTrial(other)  # no stages, no keep_x
+             "keep_x": True, "stats": "two_pass", "blocks_per_sm": 2, "max_regs": 64}
+    trial = FixedTrial(other)  # no stages
     cfg = suggest_config(trial)
-    assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0, 64)
+    assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0, 64, keep_x=True)
     assert trial.params == other and KernelConfig.from_dict(trial.params) == cfg
     # A bulk trial never reads stats, blocks_per_sm or max_regs, even when they are given.
     trial = FixedTrial({**BULK_PARAMS, "stats": "welford", "blocks_per_sm": 4, "max_regs": 64})
@@ -510,7 +510,7 @@ def test_a_study_reaches_bulk_configs(tmp_path):
     assert not tuner._has_all_params(partial)
 
 
-def test_keep_x_is_a_bulk_variant_with_its_own_label_and_render():
+def test_keep_x_is_a_variant_with_its_own_label_and_render():
     problem = Problem(16384, "bfloat16")
     for cluster in (1, 4):
         plain = KernelConfig(256, 8, 1, "bulk", "two_pass", cluster, 0, 3)
@@ -526,7 +526,37 @@ def test_keep_x_is_a_bulk_variant_with_its_own_label_and_render():
     # configs stored before keep_x existed read as the plain kernel
     old = {k: v for k, v in plain.to_dict().items() if k != "keep_x"}
     assert KernelConfig.from_dict(old) == plain
-    smem = KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, keep_x=True)
-    assert any("keep_x" in r for r in check(smem, problem))
     assert {c.keep_x for c in enumerate_space(problem) if c.cache == "bulk"} == {False, True}
+    assert {c.keep_x for c in enumerate_space(problem) if c.cache != "bulk"} == {False, True}
     assert all(c.keep_x for c in bulk_seed_configs(problem))
+
+
+@pytest.mark.parametrize("config,hidden,dtype", [
+    (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),  # cp.async
+    (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),
+    (KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64), 768, "bfloat16"),
+    (KernelConfig(256, 2, 2, "registers", "two_pass", 1, 0), 4096, "float32"),  # 8-byte loads
+    (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),  # prefetch
+    (KernelConfig(256, 1, 1, "registers", "welford", 1, 0), 768, "float32"),  # 4-byte loads
+    (KernelConfig(128, 1, 1, "none", "welford", 1, 0), 1024, "float16"),  # 2-byte loads
+    (KernelConfig(256, 8, 1, "registers", "two_pass", 4, 0), 32768, "bfloat16"),  # cluster
+])
+def test_keep_x_hints_every_load_of_x_in_the_fwd_kernel(config, hidden, dtype):
+    # Every global read of a row's vectors takes the policy; the plain render is untouched
+    # (no hint, plain vector loads of x), so keep_x off renders the kernels measured before.
+    problem = Problem(hidden, dtype)
+    kept = dataclasses.replace(config, keep_x=True)
+    assert check(config, problem) == [] and check(kept, problem) == []
+    assert kept.label() == config.label().replace("-m", "-k-m") if config.max_regs \
+        else kept.label() == config.label() + "-k"
+    kept_src, plain_src = render(kept, problem).source, render(config, problem).source
+    assert "cache_hint" not in plain_src and "xpol" not in plain_src
+    assert "load_vec(xr" in plain_src or "load_vec(nx" in plain_src or "copy_async(" in plain_src
+    assert "load_vec(xr" not in kept_src and "load_vec(nx" not in kept_src
+    assert "createpolicy.fractional.L2::evict_last.b64" in kept_src
+    hinted = kept_src.count("load_x(xr") + kept_src.count("load_x(nx") \
+        + kept_src.count(", xpol);")
+    assert hinted >= 1
+    if "copy_async(srow" in plain_src:
+        assert ".shared.global.L2::cache_hint" in kept_src
+        assert "copy_async(srow + (size_t)j * V, xr + (size_t)j * V, xpol)" in kept_src

@@ -131,6 +131,21 @@ def test_shipped_nearest_when_user_has_nothing(dbs):
     assert (choice.source, choice.config) == ("shipped-nearest", D)
 
 
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_no_keep_x_launches_the_winner_without_its_hint(dbs, monkeypatch, value):
+    import dataclasses
+
+    _, shipped = dbs
+    kept = dataclasses.replace(C, keep_x=True)
+    _put(shipped, kept)
+    monkeypatch.delenv("AUTONORM_NO_KEEP_X", raising=False)
+    assert dispatch.choose_config(PROBLEM, ROWS) == dispatch.Choice(kept, "shipped")
+    monkeypatch.setenv("AUTONORM_NO_KEEP_X", "0")
+    assert dispatch.choose_config(PROBLEM, ROWS).config == kept
+    monkeypatch.setenv("AUTONORM_NO_KEEP_X", value)
+    assert dispatch.choose_config(PROBLEM, ROWS) == dispatch.Choice(C, "shipped")
+
+
 def test_other_problem_winner_is_not_used(dbs):
     user, _ = dbs
     other = TuningKey(H200.fingerprint, codegen.code_version(), "float16", 2048, True, True, ROWS)

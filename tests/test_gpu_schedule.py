@@ -25,7 +25,8 @@ CASES = [
 ]
 
 
-def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int = 9):  # noqa: ANN202
+def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int = 9,  # noqa: ANN202
+           rows: int = 0):
     import cupy
     import numpy as np
 
@@ -34,8 +35,9 @@ def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int 
 
     problem = Problem(hidden, dtype)
     kernel = compiler.compile_kernel(codegen.render(config, problem))
-    clusters = kernel.grid(1 << 30) // config.cluster
-    rows = clusters * config.rows_per_block * rows_per_cluster + 3  # a ragged last round
+    if not rows:
+        clusters = kernel.grid(1 << 30) // config.cluster
+        rows = clusters * config.rows_per_block * rows_per_cluster + 3  # a ragged last round
     # Data made as the evaluator makes it: float64, rounded to the storage dtype.
     rng = np.random.default_rng(7)
     x = cupy.asarray(from_float64(rng.standard_normal((rows, hidden)) * 3 + 1, dtype))
@@ -221,3 +223,33 @@ def test_keep_x_writes_the_same_bits(config, hidden, dtype) -> None:  # noqa: AN
     for work_ptr in (0, counter.data.ptr):
         plain = _run(kernel, x, w, b, rows, work_ptr=work_ptr)
         assert _same_bits(_run(keep_kernel, x, w, b, rows, work_ptr=work_ptr), plain)
+
+
+# The fwd kernel's keep_x forms: 16-, 8-, 4- and 2-byte loads of x, the smem fill by cp.async
+# and by registers, the prefetching persistent grid, a cluster and the uncached kernel.
+FWD_KEEP_CASES = [
+    (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),
+    (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),
+    (KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64), 768, "bfloat16"),
+    (KernelConfig(256, 2, 2, "registers", "two_pass", 1, 0), 4096, "float32"),
+    (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),
+    (KernelConfig(256, 1, 1, "registers", "welford", 1, 0), 768, "float32"),
+    (KernelConfig(128, 1, 1, "none", "welford", 1, 0), 1024, "float16"),
+    (KernelConfig(256, 8, 1, "registers", "two_pass", 4, 0), 32768, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("config", "hidden", "dtype"), FWD_KEEP_CASES, ids=lambda v: str(v))
+def test_keep_x_writes_the_same_bits_in_the_fwd_kernel(config, hidden, dtype) -> None:  # noqa: ANN001
+    # As above for the fwd kernel's hinted loads: ld.global.nc with the policy returns what the
+    # plain load does, so every output bit is the plain kernel's.
+    import dataclasses
+
+    from autonorm import codegen, compiler
+
+    kept = dataclasses.replace(config, keep_x=True)
+    rendered = codegen.render(kept, Problem(hidden, dtype))
+    assert "L2::evict_last" in rendered.source
+    kernel, x, w, b, rows = _setup(config, hidden, dtype, rows=1000 * config.rows_per_block + 3)
+    plain = _run(kernel, x, w, b, rows, work_ptr=0)
+    assert _same_bits(_run(compiler.compile_kernel(rendered), x, w, b, rows, work_ptr=0), plain)

@@ -282,11 +282,11 @@ def test_iter_space_covers_the_product():
     shapes = len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(CLUSTERS)
     other_caches = [c for c in space.CACHES if c != "bulk"]
     bulk_stages = [s for s in space.STAGES if s > 0]
-    # The other kernels: every (cache, stats, blocks_per_sm, max_regs) with stages 0. The
-    # bulk-copy kernel: two-pass statistics, an occupancy grid and no register cap only, with
-    # every stage count >= 1, x kept in L2 or not.
+    # The other kernels: every (cache, stats, blocks_per_sm, max_regs) with stages 0, x kept
+    # in L2 or not. The bulk-copy kernel: two-pass statistics, an occupancy grid and no
+    # register cap only, with every stage count >= 1, x kept in L2 or not.
     non_bulk = (shapes * len(other_caches) * len(space.STATS) * len(space.BLOCKS_PER_SM)
-                * len(space.MAX_REGS))
+                * len(space.MAX_REGS) * 2)
     bulk = shapes * len(bulk_stages) * 2
     assert len(raw) == len(set(raw)) == non_bulk + bulk
     assert raw == list(iter_space())

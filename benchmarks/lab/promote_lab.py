@@ -79,8 +79,10 @@ def promote(db: TuningDB, spec: str, rounds: int, min_gain: float, note: str,
         print(f"{shape}: shipped winner kept", flush=True)
 
 
-def keep_x_twin_specs(db: TuningDB, device: str, version: str) -> list[str]:
-    """A spec for every bulk winner of ``device`` and ``version`` without keep_x: its ``-k`` twin.
+def keep_x_twin_specs(db: TuningDB, device: str, version: str,
+                      caches: tuple[str, ...] = ("bulk",)) -> list[str]:
+    """A spec for every winner of ``device`` and ``version`` without keep_x whose kernel holds
+    its row in one of ``caches``: its ``-k`` twin.
 
     The rows are those the winner was timed at (its metrics), else its bucket. Winners of a
     problem without weight or bias are left out (a spec names the affine problem).
@@ -89,7 +91,7 @@ def keep_x_twin_specs(db: TuningDB, device: str, version: str) -> list[str]:
     for w in db.winners(device):
         cfg = KernelConfig.from_dict(w.config)
         k = w.key
-        if (k.version != version or cfg.cache != "bulk" or cfg.keep_x
+        if (k.version != version or cfg.cache not in caches or cfg.keep_x
                 or not (k.has_weight and k.has_bias)):
             continue
         rows = int(w.metrics.get("rows") or k.rows_bucket)
@@ -103,8 +105,11 @@ def main() -> None:
     ap.add_argument("db")
     ap.add_argument("specs", nargs="*", help="DTYPE:HIDDEN[@ROWS]=LABEL[,LABEL...]")
     ap.add_argument("--keep-x-twins", action="store_true",
-                    help="also set every bulk winner of this GPU and version without keep_x "
+                    help="also set every winner of this GPU and version without keep_x "
                          "against its -k twin (session 24, NOTES.md 119)")
+    ap.add_argument("--twin-caches", default="bulk",
+                    help="the winners --keep-x-twins takes, by row cache, comma-separated "
+                         "(session 25: registers,smem,none)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--min-gain", type=float, default=0.003,
                     help="the challenger's least speed-up over the winner, in both re-times")
@@ -121,7 +126,8 @@ def main() -> None:
     with TuningDB(args.db) as db:
         specs = list(args.specs)
         if args.keep_x_twins:
-            specs += keep_x_twin_specs(db, query_device().fingerprint, codegen.code_version())
+            specs += keep_x_twin_specs(db, query_device().fingerprint, codegen.code_version(),
+                                       tuple(args.twin_caches.split(",")))
         for spec in specs:
             promote(db, spec, args.rounds, args.min_gain, args.note, args.dry_run)
 
