@@ -220,7 +220,7 @@ class KernelConfig:
             117), the fwd kernel x1.01-1.03 at the 16-bit winners of 768-4096 and x1.00 at
             8192 and fp32 (121). A GEMM reading y after it lost nothing; a kernel that re-reads
             16-40 MB from L2 right after it pays 0.2-3.6 us. Dispatch drops it under
-            ``AUTONORM_NO_KEEP_X=1``.
+            ``AUTONORM_NO_KEEP_X=1``. Outside the bulk kernel, cluster 1 only.
 
     """
 
@@ -498,6 +498,12 @@ def check(
     else:
         if config.stages:
             reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
+        if config.keep_x and config.cluster > 1:
+            # Three clustered smem kernels with keep_x (16-byte cp.async fills with the hint)
+            # raised cudaErrorIllegalInstruction on the H200, their plain twins verified
+            # (benchmarks/NOTES.md 122). Clustered rows win only in the bulk kernel.
+            reasons.append("keep_x applies to the fwd kernel at cluster 1 only (clustered "
+                           "kernels with the hint raised an illegal instruction)")
     if reasons:
         return reasons
 

@@ -531,6 +531,18 @@ def test_keep_x_is_a_variant_with_its_own_label_and_render():
     assert all(c.keep_x for c in bulk_seed_configs(problem))
 
 
+def test_keep_x_is_refused_to_clustered_fwd_kernels():
+    # call s25d: clustered smem kernels with the hint raised an illegal instruction on the H200
+    problem = Problem(4096, "bfloat16")
+    for cache in ("registers", "smem", "none"):
+        plain = KernelConfig(64, 8, 1, cache, "two_pass" if cache != "none" else "welford", 2)
+        assert check(plain, problem) == []
+        kept = dataclasses.replace(plain, keep_x=True)
+        assert any("cluster 1 only" in r for r in check(kept, problem))
+    bulk = KernelConfig(256, 8, 1, "bulk", "two_pass", 2, 0, 2, keep_x=True)
+    assert check(bulk, problem) == []
+
+
 @pytest.mark.parametrize("config,hidden,dtype", [
     (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),  # cp.async
     (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),
@@ -539,7 +551,6 @@ def test_keep_x_is_a_variant_with_its_own_label_and_render():
     (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),  # prefetch
     (KernelConfig(256, 1, 1, "registers", "welford", 1, 0), 768, "float32"),  # 4-byte loads
     (KernelConfig(128, 1, 1, "none", "welford", 1, 0), 1024, "float16"),  # 2-byte loads
-    (KernelConfig(256, 8, 1, "registers", "two_pass", 4, 0), 32768, "bfloat16"),  # cluster
 ])
 def test_keep_x_hints_every_load_of_x_in_the_fwd_kernel(config, hidden, dtype):
     # Every global read of a row's vectors takes the policy; the plain render is untouched

@@ -226,7 +226,8 @@ def test_keep_x_writes_the_same_bits(config, hidden, dtype) -> None:  # noqa: AN
 
 
 # The fwd kernel's keep_x forms: 16-, 8-, 4- and 2-byte loads of x, the smem fill by cp.async
-# and by registers, the prefetching persistent grid, a cluster and the uncached kernel.
+# and by registers, the prefetching persistent grid and the uncached kernel (keep_x is
+# refused to clustered fwd kernels: tests/test_bulk.py).
 FWD_KEEP_CASES = [
     (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),
     (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),
@@ -235,7 +236,6 @@ FWD_KEEP_CASES = [
     (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),
     (KernelConfig(256, 1, 1, "registers", "welford", 1, 0), 768, "float32"),
     (KernelConfig(128, 1, 1, "none", "welford", 1, 0), 1024, "float16"),
-    (KernelConfig(256, 8, 1, "registers", "two_pass", 4, 0), 32768, "bfloat16"),
 ]
 
 
