@@ -10,6 +10,7 @@ two streams running at once get one each.
 from __future__ import annotations
 
 import pytest
+from keep_x_cases import FWD_KEEP_CASES
 
 from autonorm.space import KernelConfig, Problem
 
@@ -223,20 +224,6 @@ def test_keep_x_writes_the_same_bits(config, hidden, dtype) -> None:  # noqa: AN
     for work_ptr in (0, counter.data.ptr):
         plain = _run(kernel, x, w, b, rows, work_ptr=work_ptr)
         assert _same_bits(_run(keep_kernel, x, w, b, rows, work_ptr=work_ptr), plain)
-
-
-# The fwd kernel's keep_x forms: 16-, 8-, 4- and 2-byte loads of x, the smem fill by cp.async
-# and by registers, the prefetching persistent grid and the uncached kernel (keep_x is
-# refused to clustered fwd kernels: tests/test_bulk.py).
-FWD_KEEP_CASES = [
-    (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),
-    (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),
-    (KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64), 768, "bfloat16"),
-    (KernelConfig(256, 2, 2, "registers", "two_pass", 1, 0), 4096, "float32"),
-    (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),
-    (KernelConfig(256, 1, 1, "registers", "welford", 1, 0), 768, "float32"),
-    (KernelConfig(128, 1, 1, "none", "welford", 1, 0), 1024, "float16"),
-]
 
 
 @pytest.mark.parametrize(("config", "hidden", "dtype"), FWD_KEEP_CASES, ids=lambda v: str(v))
