@@ -911,6 +911,16 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
     row_bytes = problem.hidden * problem.itemsize
     vec = 16 // problem.itemsize
     seeds: list[KernelConfig] = []
+    # Rows of 16-32 KB: a row a tile at 8 vectors a thread, 64-96 KB of stages (t128 s4 at 16
+    # KB, t256 s3 at 32 KB). Head to head on an H200 these beat the fwd kernel's winners at
+    # fp32 4096 (x1.016), fp32 8192 (x1.019) and 16-bit 8192 (x1.022-1.025), and t256 s3 is the
+    # 16-bit 16384 winner (NOTES.md 112, 124). The loop below tiles 16 KB rows two at a time, so
+    # the search never met them there.
+    if 16384 <= row_bytes <= 32768 and row_bytes & (row_bytes - 1) == 0:
+        cfg = KernelConfig(row_bytes // 128, vec, 1, "bulk", "two_pass", 1, 0,
+                           min(4, 98304 // row_bytes), keep_x=True)
+        if not check(cfg, problem, device):
+            seeds.append(cfg)
     for cluster in (1, 2, 4, 8):
         seg_bytes = row_bytes // cluster
         if cluster > 1 and seg_bytes < 16384:

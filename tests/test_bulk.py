@@ -337,6 +337,12 @@ def test_bulk_seeds_exist_where_the_lab_found_winners():
         assert {c.stages for c in seeds} <= {2, 3}
     assert any(c.cluster == 2 for c in bulk_seed_configs(Problem(65536, "bfloat16")))
     assert any(c.cluster == 4 for c in bulk_seed_configs(Problem(65536, "float32")))
+    # Rows of 16-32 KB: the row-a-tile winners settled head to head (NOTES.md 112, 124).
+    for problem, label in ((Problem(4096, "float32"), "t128v4r1-bulk-two_pass-c1-p0-s4-k"),
+                           (Problem(8192, "float32"), "t256v4r1-bulk-two_pass-c1-p0-s3-k"),
+                           (Problem(8192, "bfloat16"), "t128v8r1-bulk-two_pass-c1-p0-s4-k"),
+                           (Problem(16384, "float16"), "t256v8r1-bulk-two_pass-c1-p0-s3-k")):
+        assert label in [c.label() for c in bulk_seed_configs(problem)], problem
     # Two 256-thread blocks an SM with a finer cluster (NOTES.md 77's winners) are seeded.
     for problem, cluster in ((Problem(65536, "bfloat16"), 4), (Problem(32768, "float32"), 4),
                              (Problem(32768, "bfloat16"), 2)):

@@ -5,14 +5,14 @@
 # keep_x, which since gives the bulk kernel x1.02-1.05 (120). Prediction: their -k forms beat
 # those winners by x1.01-1.03, closing fp32 4096 (0.98x torch.compile, issue 4's last shape).
 # promote_lab.py, 11 rounds, a 0.5% floor, stored only if ahead in both re-times; then the
-# peers on the resulting DB ($OUT/shipped.db: copy it to tuning_db/). ~300 s. Then the GPU
+# peers on the resulting DB (session 26: two more fp32 4096 tiles, s3 at t128 and s4 at t512) ($OUT/shipped.db: copy it to tuning_db/). ~300 s. Then the GPU
 # suite in a call of its own (bash benchmarks/gpu_checks.sh tests, ~270 s).
 set -u
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt"
 B=bulk-two_pass-c1-p0
-timeout 200 python3 benchmarks/lab/promote_lab.py tuning_db/autonorm.db \
-  float32:4096=t128v4r1-$B-s6-k,t128v4r1-$B-s4-k,t256v4r1-$B-s6-k,t256v4r1-$B-s4-k \
+timeout 240 python3 benchmarks/lab/promote_lab.py tuning_db/autonorm.db \
+  float32:4096=t128v4r1-$B-s6-k,t128v4r1-$B-s4-k,t128v4r1-$B-s3-k,t256v4r1-$B-s6-k,t256v4r1-$B-s4-k,t512v4r1-$B-s4-k \
   float32:8192=t256v4r1-$B-s3-k,t256v4r1-$B-s4-k,t512v4r1-$B-s3-k,t512v4r1-$B-s4-k \
   bfloat16:8192=t128v8r1-$B-s4-k,t128v8r1-$B-s3-k,t256v8r1-$B-s4-k \
   float16:8192=t128v8r1-$B-s4-k,t128v8r1-$B-s3-k,t256v8r1-$B-s4-k \

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 26, call C. (1) The peers benchmark from a clean clone of the committed tree with the
+# shipped DB (issue 4's "Done when" asks for that; call A's peers ran in the tree promote_lab
+# had just written). (2) The tuner's own search at fp32 4096 / 8192 and bf16 8192 with the new
+# row-a-tile bulk seed (space.bulk_seed_configs): prediction, its finals pick that seed or one
+# within a point of it, at 99-100% of copy (fp32) and ~98% (bf16). ~400 s.
+set -u
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt"
+here=$PWD
+if [ -d .git ]; then
+  git clone -q . /tmp/clean && echo "peers from: git clone at $(git -C /tmp/clean rev-parse --short HEAD)"
+else
+  mkdir -p /tmp/clean && cp -a . /tmp/clean && echo "peers from: a copy of the sent tree (no .git)"
+fi
+cd /tmp/clean && OUT=$OUT/peersrun bash benchmarks/gpu_checks.sh peers | tail -42
+cd "$here"
+bash benchmarks/gpu_checks.sh search float32:4096,8192 bfloat16:8192
