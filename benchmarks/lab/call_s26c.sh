@@ -8,11 +8,10 @@ set -u
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt"
 here=$PWD
-if [ -d .git ]; then
-  git clone -q . /tmp/clean && echo "peers from: git clone at $(git -C /tmp/clean rev-parse --short HEAD)"
-else
-  mkdir -p /tmp/clean && cp -a . /tmp/clean && echo "peers from: a copy of the sent tree (no .git)"
-fi
-cd /tmp/clean && OUT=$OUT/peersrun bash benchmarks/gpu_checks.sh peers | tail -42
+# The device's copy of .git is the session's starting commit, not the tree sent (the first try,
+# c0, cloned it and so ran the old DB), so the clean tree is a copy of the sent files alone.
+mkdir -p /tmp/clean && cp -a . /tmp/clean && rm -rf /tmp/clean/.git /tmp/clean/.whl
+sha256sum tuning_db/autonorm.db /tmp/clean/tuning_db/autonorm.db
+cd /tmp/clean && PYTHONPATH=/tmp/site:/tmp/clean OUT=$OUT/peersrun bash benchmarks/gpu_checks.sh peers | tail -42
 cd "$here"
-bash benchmarks/gpu_checks.sh search float32:4096,8192 bfloat16:8192
+PYTHONPATH=/tmp/site:$here bash benchmarks/gpu_checks.sh search float32:4096,8192 bfloat16:8192
