@@ -22,6 +22,7 @@ from autonorm.space import (
     bulk_occupancy,
     bulk_stage_bytes,
     derive_shape,
+    fills_async,
     min_blocks_per_sm,
     prefetches,
     require_valid,
@@ -168,26 +169,6 @@ def fuses_passes(config_: KernelConfig, problem: Problem) -> bool:
     return (
         config_.cache != "bulk" and problem.itemsize == 2 and config_.stats == "two_pass"
         and (config_.cluster == 1 or config_.rows_per_block == 1)
-    )
-
-
-# A shared-memory row cache is filled by cp.async (LDGSTS, compute capability 8.0+) when a thread
-# copies more than this many vectors per row: the plain fill stages them through registers four
-# at a time (``#pragma unroll 4``), so longer rows wait for several round trips, while cp.async
-# puts every copy in flight at once. A/B on the H200 (NOTES.md 39): x1.02-1.08 on 16-bit smem
-# kernels of 6-8 vectors per thread (bf16 12288 t256v8r1 85.7% -> 88.3% of copy, 16384 85.3% ->
-# 86.9%), fp32 8192 t256v4r1 x1.047; at 4 vectors or fewer x0.986-1.009 (the winners at 768-8192
-# among them), so those keep the plain fill.
-ASYNC_FILL_ITERS = 4
-
-
-def fills_async(config_: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
-    """Whether a shared-memory row cache is filled by cp.async instead of through registers."""
-    return (
-        config_.cache == "smem" and device.cc >= 80
-        # cp.async copies 4, 8 or 16 bytes: not one 16-bit element
-        and config_.vec * problem.itemsize >= 4
-        and derive_shape(config_, problem).iters > ASYNC_FILL_ITERS
     )
 
 

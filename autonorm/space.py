@@ -317,6 +317,26 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     return Shape(segment, tpr, iters, cache_regs, smem, config.vec)
 
 
+# A shared-memory row cache is filled by cp.async (LDGSTS, compute capability 8.0+) when a thread
+# copies more than this many vectors per row: the plain fill stages them through registers four
+# at a time (``#pragma unroll 4``), so longer rows wait for several round trips, while cp.async
+# puts every copy in flight at once. A/B on the H200 (NOTES.md 39): x1.02-1.08 on 16-bit smem
+# kernels of 6-8 vectors per thread (bf16 12288 t256v8r1 85.7% -> 88.3% of copy, 16384 85.3% ->
+# 86.9%), fp32 8192 t256v4r1 x1.047; at 4 vectors or fewer x0.986-1.009 (the winners at 768-8192
+# among them), so those keep the plain fill.
+ASYNC_FILL_ITERS = 4
+
+
+def fills_async(config: KernelConfig, problem: Problem, device: DeviceLimits = H200) -> bool:
+    """Whether a shared-memory row cache is filled by cp.async instead of through registers."""
+    return (
+        config.cache == "smem" and device.cc >= 80
+        # cp.async copies 4, 8 or 16 bytes: not one 16-bit element
+        and config.vec * problem.itemsize >= 4
+        and derive_shape(config, problem).iters > ASYNC_FILL_ITERS
+    )
+
+
 def smem_bytes(config: KernelConfig, problem: Problem) -> int:
     """Dynamic shared memory a launch of ``config`` needs, in bytes."""
     if config.cache == "bulk":
@@ -504,6 +524,15 @@ def check(
             # (benchmarks/NOTES.md 122). Clustered rows win only in the bulk kernel.
             reasons.append("keep_x applies to the fwd kernel at cluster 1 only (clustered "
                            "kernels with the hint raised an illegal instruction)")
+        elif config.keep_x and problem.itemsize == 4 and fills_async(config, problem, device):
+            # Every fp32 one-row two-pass smem kernel filled by hinted cp.async that was run
+            # (4-, 8- and 16-byte fills, 8-64 vectors a thread, a persistent grid too) raised
+            # cudaErrorIllegalInstruction on the H200; their plain twins verified (call s26e,
+            # NOTES.md 126). The Welford and two-row forms verified, but the cause is not
+            # known, so every fp32 kernel with a hinted cp.async fill is refused. No fp32
+            # winner fills by cp.async; every 16-bit hinted fill run verified (calls s25e-s26e).
+            reasons.append("keep_x is refused to fp32 kernels whose shared-memory row is "
+                           "filled by cp.async (the hinted fill raised an illegal instruction)")
     if reasons:
         return reasons
 

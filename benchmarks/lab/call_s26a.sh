@@ -5,8 +5,9 @@
 # keep_x, which since gives the bulk kernel x1.02-1.05 (120). Prediction: their -k forms beat
 # those winners by x1.01-1.03, closing fp32 4096 (0.98x torch.compile, issue 4's last shape).
 # promote_lab.py, 11 rounds, a 0.5% floor, stored only if ahead in both re-times; then the
-# peers on the resulting DB (session 26: two more fp32 4096 tiles, s3 at t128 and s4 at t512) ($OUT/shipped.db: copy it to tuning_db/). ~300 s. Then the GPU
-# suite in a call of its own (bash benchmarks/gpu_checks.sh tests, ~270 s).
+# peers on the resulting DB ($OUT/shipped.db: copy it to tuning_db/). ~300 s. Then the GPU
+# suite in a call of its own (bash benchmarks/gpu_checks.sh tests, ~270 s). Session 26 added
+# two fp32 4096 tiles before running it: t128 s3 and t512 s4.
 set -u
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$OUT/smi.txt"
