@@ -15,6 +15,7 @@ Not yet run past the refusal (call F's try stopped at it); ready for the next se
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -60,7 +61,7 @@ def main() -> None:
                 [sys.executable, "-c", CHILD, h, d, label, patch,
                  args.sass if n < 3 else "-"],
                 capture_output=True, text=True, timeout=120,
-                env={**__import__("os").environ, "CUPY_CACHE_DIR": env_cache})
+                env={**os.environ, "CUPY_CACHE_DIR": env_cache})
             last = (out.stdout.strip().splitlines() or [""])[-1]
             err = [ln for ln in out.stderr.splitlines() if "Error" in ln][-1:]
             print(f"{h:>6} {d:9s} {label:40s} {patch:11s} rc={out.returncode} {last} "
