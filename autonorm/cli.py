@@ -11,27 +11,24 @@ from typing import Any
 import click
 
 from autonorm import __version__
-from autonorm.errors import AutonormError
-from autonorm.space import (
+from autonorm.dtypes import SHORT_DTYPES, normalize_dtype
+from autonorm.errors import AutonormError, ConfigError
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.config import (
     BLOCKS_PER_SM,
     BULK_FIXED,
     CACHES,
     CLUSTERS,
     MAX_REGS,
     ROWS_PER_BLOCK,
-    SHORT_DTYPES,
     STAGES,
     STATS,
     THREADS,
     VECS,
-    ConfigError,
     KernelConfig,
-    Problem,
-    default_config,
-    normalize_dtype,
-    rows_bucket,
-    seed_configs,
 )
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config, seed_configs
 
 DEFAULT_ELEMENTS = 1 << 26
 
@@ -93,7 +90,7 @@ def _common_problem_options(func: Any) -> Any:
 
 def _tune_worker(index: int, spec: dict[str, Any]) -> None:
     """Entry point of one `--workers` process (module level so spawn can import it)."""
-    from autonorm import tuner
+    from autonorm.tune import tuner
 
     _quiet_optuna()
     problem = Problem(**spec["problem"])
@@ -116,9 +113,10 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
 
 def _tuning_parts(problem: Problem, rows: int, quiet: bool = False) -> tuple[Any, ...]:
     """Build (device info, evaluator, limits, on_trial callback, user DB) for this process."""
-    from autonorm import codegen, db
-    from autonorm.device import query_device
-    from autonorm.isolation import IsolatedEvaluator, build_gpu_evaluator
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime.device import query_device
+    from autonorm.store import db
+    from autonorm.tune.isolation import IsolatedEvaluator, build_gpu_evaluator
 
     info = query_device()
     store = db.TuningDB.open_user()
@@ -156,8 +154,9 @@ def tune(
     Every candidate is verified against a float64 reference before it is timed. Re-running
     the same command resumes the study where it stopped.
     """
-    from autonorm import dispatch, tuner
-    from autonorm.device import NoGPUError, query_device
+    from autonorm import dispatch
+    from autonorm.runtime.device import NoGPUError, query_device
+    from autonorm.tune import tuner
 
     _quiet_optuna()
     problem = _problem(hidden, dtype, not no_weight, not no_bias)
@@ -171,7 +170,7 @@ def tune(
         info = query_device()
     except NoGPUError as exc:
         raise click.ClickException(f"autonorm tune needs a CUDA GPU: {exc}") from None
-    from autonorm import codegen
+    from autonorm.ops import layer_norm as codegen
 
     study = tuner.study_name_for(info.fingerprint, codegen.code_version(), problem,
                                  rows_bucket(rows))
@@ -239,7 +238,7 @@ def describe_failures(failures: dict[str, int]) -> str:
 
 def store_path() -> Path:
     """Path of the user's tuning DB (for messages)."""
-    from autonorm import config
+    from autonorm import settings as config
 
     return config.user_db_path()
 
@@ -253,8 +252,8 @@ def show(all_devices: bool, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from autonorm import db
-    from autonorm.device import NoGPUError, query_device
+    from autonorm.runtime.device import NoGPUError, query_device
+    from autonorm.store import db
 
     device = None
     if not all_devices:
@@ -348,7 +347,7 @@ def export(hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | 
               help="hint x's loads to stay in L2 (evict_last)")
 def render(hidden: int, dtype: str, no_weight: bool, no_bias: bool, **fields: Any) -> None:
     """Print the CUDA source of one configuration (unset fields come from the default)."""
-    from autonorm import codegen
+    from autonorm.ops import layer_norm as codegen
 
     problem = _problem(hidden, dtype, not no_weight, not no_bias)
     base = default_config(problem).to_dict()

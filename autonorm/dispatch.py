@@ -23,13 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from autonorm.dtypes import normalize_dtype
 from autonorm.errors import (
     DeviceMismatchError,
     InputError,
     ShapeError,
     UnsupportedDtypeError,
 )
-from autonorm.space import KernelConfig, Problem, default_config, normalize_dtype, rows_bucket
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ def choose_config(problem: Problem, rows: int, device_id: int = 0) -> Choice:
 
     Under ``AUTONORM_NO_KEEP_X=1`` the configuration found is returned with ``keep_x`` off.
     """
-    from autonorm import config
+    from autonorm import settings as config
 
     choice = _look_up(problem, rows, device_id)
     if choice.config.keep_x and not config.keep_x_allowed():
@@ -60,8 +64,9 @@ def choose_config(problem: Problem, rows: int, device_id: int = 0) -> Choice:
 
 def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
     """The lookup order of this module's docstring."""
-    from autonorm import codegen, db
-    from autonorm.device import query_device
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime.device import query_device
+    from autonorm.store import db
 
     info = query_device(device_id)
     key = db.TuningKey.for_problem(info.fingerprint, codegen.code_version(), problem, rows)
@@ -79,7 +84,7 @@ def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
                 winner = store.get_winner(key) if exact else store.nearest_winner(key)
                 if winner is not None:
                     config = KernelConfig.from_dict(winner.config)
-                    from autonorm.space import check
+                    from autonorm.ops.layer_norm.rules import check
 
                     if not check(config, problem, info.limits()):
                         return Choice(config, source if exact else f"{source}-nearest")
@@ -101,8 +106,9 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
-            from autonorm import codegen, compiler
-            from autonorm.device import query_device
+            from autonorm.ops import layer_norm as codegen
+            from autonorm.runtime import compiler
+            from autonorm.runtime.device import query_device
 
             choice = choose_config(problem, rows, device_id)
             rendered = codegen.render(choice.config, problem, query_device(device_id).limits())
@@ -193,7 +199,7 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) 
 
         return autonorm_torch.layer_norm(x, weight, bias, eps)
     if isinstance(x, np.ndarray):
-        from autonorm.reference import layer_norm_cpu
+        from autonorm.ops.layer_norm.reference import layer_norm_cpu
 
         validate(x, weight, bias, eps)
         for t in (weight, bias):

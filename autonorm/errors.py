@@ -41,3 +41,8 @@ class DatabaseError(AutonormError):
 
 class CorruptDatabaseWarning(UserWarning):
     """A corrupt tuning database was moved aside and replaced by a fresh, empty one."""
+
+
+
+class ConfigError(AutonormError, ValueError):
+    """A configuration cannot run a problem, or no configuration can (unsupported hidden size)."""

@@ -25,27 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autonorm import workspace
-from autonorm.codegen import (
-    DYNAMIC_MIN_TILES,
-    LaunchPlan,
-    RenderedKernel,
-    code_version,
-    render,
-    template_environment,
-)
-from autonorm.db import TuningDB, TuningKey, Winner
-from autonorm.space import (
-    H200,
-    SHORT_DTYPES,
-    DeviceLimits,
-    KernelConfig,
-    Problem,
-    check,
-    default_config,
-    normalize_dtype,
-    rows_bucket,
-)
+from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKernel
+from autonorm.dtypes import SHORT_DTYPES, normalize_dtype
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.codegen import code_version, render, template_environment
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.layer_norm.space import default_config
+from autonorm.runtime import workspace
+from autonorm.runtime.limits import H200, DeviceLimits
+from autonorm.store.db import TuningDB, TuningKey, Winner
 
 HEADER_TEMPLATE = "export_launcher.h.j2"
 SOURCE_TEMPLATE = "export_launcher.cu.j2"

@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from autonorm.errors import DeviceMismatchError, InputError, ShapeError, UnsupportedDtypeError
-from autonorm.space import Problem
+from autonorm.ops.layer_norm.problem import Problem
 
 __all__ = ["LayerNorm", "clear_kernel_cache", "layer_norm", "replace_layer_norms"]
 

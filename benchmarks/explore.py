@@ -14,10 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from autonorm.compiler import CompilePool
-from autonorm.device import query_device
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import Problem, default_config, enumerate_space, normalize_dtype
+from autonorm.dtypes import normalize_dtype
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config, enumerate_space
+from autonorm.runtime.compiler import CompilePool
+from autonorm.runtime.device import query_device
+from autonorm.tune.evaluator import GpuEvaluator
 
 
 def main() -> None:
@@ -53,7 +55,8 @@ def main() -> None:
             cands = [default_config(problem, limits)] + rng.sample(
                 space, min(args.per_shape, len(space))
             )
-            from autonorm.space import KernelConfig, check
+            from autonorm.ops.layer_norm.config import KernelConfig
+            from autonorm.ops.layer_norm.rules import check
 
             for d in extra:
                 c = KernelConfig.from_dict(d)

@@ -6,8 +6,10 @@ import time
 
 import cupy
 
-from autonorm import codegen, compiler
-from autonorm.space import Problem, default_config
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config
+from autonorm.runtime import compiler
 
 problem = Problem(16384, "bfloat16")
 kernel = compiler.compile_kernel(codegen.render(default_config(problem), problem))

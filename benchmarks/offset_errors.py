@@ -4,10 +4,14 @@ default configurations of the benchmark grid. Run on the GPU:  python benchmarks
 
 from __future__ import annotations
 
-from autonorm import codegen, compiler, db
-from autonorm.device import query_device
-from autonorm.space import KernelConfig, Problem, default_config
-from autonorm.verify import verify
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config
+from autonorm.ops.layer_norm.verify import verify
+from autonorm.runtime import compiler
+from autonorm.runtime.device import query_device
+from autonorm.store import db
 
 HIDDEN = (768, 1000, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
 

@@ -501,7 +501,7 @@ class Impls:
         torch = self.torch
         import cupy
 
-        from autonorm.compiler import wrap_stream
+        from autonorm.runtime.driver import wrap_stream
 
         xc, wc, bc = cupy.from_dlpack(x), cupy.from_dlpack(w), cupy.from_dlpack(b)
 

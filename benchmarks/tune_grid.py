@@ -13,11 +13,17 @@ import logging
 import sqlite3
 import time
 
-from autonorm import codegen, config, db, space, tuner
-from autonorm.compiler import CompilePool
-from autonorm.device import query_device
-from autonorm.evaluator import GpuEvaluator
-from autonorm.space import Problem, normalize_dtype, rows_bucket
+from autonorm import settings as config
+from autonorm.dtypes import normalize_dtype
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops import layer_norm as space
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.runtime.compiler import CompilePool
+from autonorm.runtime.device import query_device
+from autonorm.store import db
+from autonorm.tune import tuner
+from autonorm.tune.evaluator import GpuEvaluator
 
 
 def main() -> None:

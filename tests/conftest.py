@@ -4,7 +4,7 @@ import pytest
 
 
 def _gpu_ok() -> bool:
-    from autonorm.device import gpu_available
+    from autonorm.runtime.device import gpu_available
 
     return gpu_available()
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from fake_evaluator import FakeEvaluator, log_line
 
-from autonorm.evaluator import GpuEvaluator
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
 from autonorm.results import Outcome, Timing
-from autonorm.space import KernelConfig, Problem
+from autonorm.tune.evaluator import GpuEvaluator
 
 # Each scripted misbehaviour has its own configuration (all valid for bf16, hidden 4096).
 GOOD = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
@@ -115,7 +116,7 @@ def build_broken(message: str) -> CrashingEvaluator:
 
 def evaluate_and_exit_without_close(log_path: str) -> None:
     """What a CLI tuning process does: build an IsolatedEvaluator, use it, never close it."""
-    from autonorm.isolation import IsolatedEvaluator
+    from autonorm.tune.isolation import IsolatedEvaluator
 
     evaluator = IsolatedEvaluator(build_crashing, (log_path,))
     assert evaluator.evaluate(GOOD).ok

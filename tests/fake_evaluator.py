@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
 from autonorm.results import Outcome, Timing
-from autonorm.space import H200, KernelConfig, Problem
-from autonorm.tuner import TuneSettings, open_storage, tune
+from autonorm.runtime.limits import H200
+from autonorm.tune.tuner import TuneSettings, open_storage, tune
 
 # Bytes a 1024-row bfloat16 LayerNorm of hidden 4096 moves (x read + y written), for GB/s.
 BYTES_MOVED = 2 * 1024 * 4096 * 2

@@ -7,7 +7,7 @@ prefetching persistent grid and the uncached kernel. Clustered fwd kernels refus
 
 from __future__ import annotations
 
-from autonorm.space import KernelConfig
+from autonorm.ops.layer_norm.config import KernelConfig
 
 # (plain config, hidden, dtype)
 FWD_KEEP_CASES = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autonorm import bench
+from autonorm.tune import bench
 
 
 def test_bytes_moved_counts_x_y_and_each_affine_tensor_once() -> None:

@@ -13,36 +13,31 @@ from fake_evaluator import FakeEvaluator, fake_median_us
 from keep_x_cases import FWD_KEEP_CASES
 from optuna.trial import FixedTrial, TrialState
 
-from autonorm import tuner
-from autonorm.codegen import (
-    DYNAMIC_MIN_TILES,
-    LaunchPlan,
-    fills_async,
-    holds_fp32_tile,
-    render,
-)
-from autonorm.compiler import compile_offline, nvcc_path
-from autonorm.space import (
-    BULK_MAX_ITERS,
+from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan
+from autonorm.dtypes import DTYPES
+from autonorm.ops.layer_norm.codegen import fills_async, render
+from autonorm.ops.layer_norm.config import STAGES, KernelConfig
+from autonorm.ops.layer_norm.plan import (
     BULK_MAX_WEIGHT_ITERS,
-    DTYPES,
-    H200,
-    MAX_BULK_SEEDS,
-    STAGES,
-    DeviceLimits,
-    KernelConfig,
-    Problem,
     bulk_occupancy,
     bulk_scratch_bytes,
-    bulk_seed_configs,
-    check,
     derive_shape,
-    enumerate_space,
+    holds_fp32_tile,
     min_blocks_per_sm,
-    seed_configs,
     smem_bytes,
 )
-from autonorm.tuner import TuneSettings, open_storage, suggest_config, tune
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import BULK_MAX_ITERS, check
+from autonorm.ops.layer_norm.space import (
+    MAX_BULK_SEEDS,
+    bulk_seed_configs,
+    enumerate_space,
+    seed_configs,
+)
+from autonorm.runtime.limits import H200, DeviceLimits
+from autonorm.runtime.offline import compile_offline, nvcc_path
+from autonorm.tune import tuner
+from autonorm.tune.tuner import TuneSettings, open_storage, suggest_config, tune
 
 BF16_4096 = Problem(4096, "bfloat16")
 # A valid bulk configuration for bf16 4096: 256 threads, 16-byte vectors, 2 tiles in flight.

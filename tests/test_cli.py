@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autonorm import cli, codegen
-from autonorm.db import TuningDB, TuningKey
-from autonorm.space import KernelConfig, Problem, default_config
+from autonorm import cli
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config
+from autonorm.store.db import TuningDB, TuningKey
 
 COMMANDS = ["tune", "show", "export", "render"]
 
@@ -30,12 +33,12 @@ def runner(tmp_path, monkeypatch):
 
 def _no_gpu(monkeypatch):
     """Make sure no GPU is seen here, even if CuPy happens to be installed."""
-    import autonorm.device
+    import autonorm.runtime.device
 
     def query_device(device_id=None):  # noqa: ARG001
-        raise autonorm.device.NoGPUError("no CUDA GPU found on this machine")
+        raise autonorm.runtime.device.NoGPUError("no CUDA GPU found on this machine")
 
-    monkeypatch.setattr(autonorm.device, "query_device", query_device)
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", query_device)
 
 
 def _lines(text: str) -> list[str]:
@@ -275,8 +278,9 @@ def test_a_tune_worker_passes_the_seeds_for_its_rows(monkeypatch):
     # `--workers N` runs the study in N processes and the parent's call after them finds it
     # started, so only worker 0 can enqueue the seeds; before session 24 no worker passed them
     # and a multi-worker search began without its starting points.
-    from autonorm import tuner
-    from autonorm.space import H200, seed_configs
+    from autonorm.ops.layer_norm.space import seed_configs
+    from autonorm.runtime.limits import H200
+    from autonorm.tune import tuner
 
     class _Closable:
         pool = None

@@ -16,31 +16,30 @@ import numpy as np
 import pytest
 
 import autonorm
-from autonorm.codegen import (
-    LaunchPlan,
+from autonorm.codegen.kernel import LaunchPlan
+from autonorm.dtypes import DTYPES
+from autonorm.errors import ConfigError
+from autonorm.numerics import to_float64
+from autonorm.ops.layer_norm.codegen import (
     code_version,
     fills_async,
-    fuses_passes,
-    holds_fp32_row,
     kernel_name,
     render,
     templates_hash,
-    unrolls_store,
 )
-from autonorm.reference import to_float64
-from autonorm.space import (
-    DTYPES,
-    H200,
-    ConfigError,
-    DeviceLimits,
-    KernelConfig,
-    Problem,
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.plan import (
     bulk_occupancy,
-    enumerate_space,
+    fuses_passes,
+    holds_fp32_row,
     min_blocks_per_sm,
     prefetches,
     smem_bytes,
+    unrolls_store,
 )
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import enumerate_space
+from autonorm.runtime.limits import H200, DeviceLimits
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN_SIZES = (1, 7, 768, 1000, 4096, 16384, 65536)
@@ -134,8 +133,8 @@ def test_render_is_deterministic(sweep):
 
 _CHILD = """
 import hashlib, json, sys
-from autonorm.codegen import render
-from autonorm.space import KernelConfig, Problem
+from autonorm.ops.layer_norm.codegen import render
+from autonorm.ops.layer_norm import KernelConfig, Problem
 pairs = json.loads(sys.stdin.read())
 out = []
 for cfg, prob in pairs:
@@ -306,8 +305,8 @@ def test_code_version():
 
 
 def test_templates_hash_covers_the_kernel_templates():
-    from autonorm import config
-    from autonorm.codegen import KERNEL_TEMPLATES
+    from autonorm import settings as config
+    from autonorm.ops.layer_norm.codegen import KERNEL_TEMPLATES
 
     names = sorted(KERNEL_TEMPLATES)
     assert "layernorm_fwd.cu.j2" in names and "reduce.cuh.j2" in names
@@ -323,8 +322,8 @@ def test_templates_hash_covers_the_kernel_templates():
 def test_templates_hash_covers_every_template_a_kernel_imports():
     # A kernel template's imports shape its code: an import left out of the hash would let a
     # changed kernel match winners measured on the old one.
-    from autonorm import config
-    from autonorm.codegen import KERNEL_TEMPLATES
+    from autonorm import settings as config
+    from autonorm.ops.layer_norm.codegen import KERNEL_TEMPLATES
 
     for name in KERNEL_TEMPLATES:
         text = (config.templates_dir() / name).read_text()

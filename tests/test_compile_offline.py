@@ -15,19 +15,17 @@ from collections import defaultdict
 
 import pytest
 
-from autonorm import compiler
-from autonorm.codegen import RenderedKernel, fills_async, render
-from autonorm.compiler import PtxasReport, compile_offline, nvcc_path, parse_ptxas
+from autonorm.codegen.kernel import RenderedKernel
+from autonorm.dtypes import DTYPES
 from autonorm.errors import CompileError
-from autonorm.space import (
-    DTYPES,
-    H200,
-    KernelConfig,
-    Problem,
-    default_config,
-    enumerate_space,
-    prefetches,
-)
+from autonorm.ops.layer_norm.codegen import fills_async, render
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.plan import prefetches
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config, enumerate_space
+from autonorm.runtime import compiler, driver, offline
+from autonorm.runtime.limits import H200
+from autonorm.runtime.offline import PtxasReport, compile_offline, nvcc_path, parse_ptxas
 
 requires_nvcc = pytest.mark.skipif(
     nvcc_path() is None,
@@ -289,7 +287,7 @@ def _one_kernel() -> RenderedKernel:
 
 
 def test_compile_offline_without_nvcc(monkeypatch):
-    monkeypatch.setattr(compiler, "nvcc_path", lambda: None)
+    monkeypatch.setattr(offline, "nvcc_path", lambda: None)
     with pytest.raises(CompileError, match="nvcc not found"):
         compile_offline([_one_kernel()])
 
@@ -336,9 +334,9 @@ def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyP
         )
         return 0
 
-    monkeypatch.setattr(compiler._DriverLauncher, "_lib", staticmethod(fake_launch))  # noqa: SLF001
-    monkeypatch.setattr(compiler._DriverLauncher, "_lib_tried", True)  # noqa: SLF001
-    launcher = compiler._DriverLauncher(0xABC0)  # noqa: SLF001
+    monkeypatch.setattr(driver._DriverLauncher, "_lib", staticmethod(fake_launch))  # noqa: SLF001
+    monkeypatch.setattr(driver._DriverLauncher, "_lib_tried", True)  # noqa: SLF001
+    launcher = driver._DriverLauncher(0xABC0)  # noqa: SLF001
     ptrs = [0x7F00_0000_0000, 0x7F00_0010_0000, 0, 0x7FFF_FFFF_FFF0]
     code = launcher(528, 256, 33824, 0x5555_0000, *ptrs, 70001, 1e-5, 0x7E00_0000_0008)
     assert code == 0
@@ -354,7 +352,7 @@ def test_driver_launcher_packs_the_kernel_parameters(monkeypatch: pytest.MonkeyP
     for s in range(1, 100):
         launcher(1, 32, 0, s * 256, 1, 2, 3, 4, 5, 0.5, 0)
         assert seen["stream"] == s * 256
-    assert len(compiler._STREAM_ARGS) <= 64  # noqa: SLF001
+    assert len(driver._STREAM_ARGS) <= 64  # noqa: SLF001
 
 
 def test_wrap_stream_uses_the_stream_protocol_once_per_stream(
@@ -380,11 +378,11 @@ def test_wrap_stream_uses_the_stream_protocol_once_per_stream(
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Stream=Stream, ExternalStream=external_stream)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    compiler.wrap_stream.cache_clear()
+    driver.wrap_stream.cache_clear()
     try:
-        assert compiler.wrap_stream(0x5000) == ("stream", 0x5000)
-        assert compiler.wrap_stream(0x5000) == ("stream", 0x5000)
-        assert compiler.wrap_stream(0x6000) == ("stream", 0x6000)
+        assert driver.wrap_stream(0x5000) == ("stream", 0x5000)
+        assert driver.wrap_stream(0x5000) == ("stream", 0x5000)
+        assert driver.wrap_stream(0x6000) == ("stream", 0x6000)
         assert made == [(0, 0x5000), (0, 0x6000)]
     finally:
-        compiler.wrap_stream.cache_clear()
+        driver.wrap_stream.cache_clear()

@@ -13,14 +13,14 @@ import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import autonorm.store.db as dbmod
 import pytest
 from sqlite_utils import Database
 
-import autonorm.db as dbmod
-from autonorm.db import KEY_COLUMNS, SCHEMA_VERSION, STATUSES, TuningDB, TuningKey
-from autonorm.device import DeviceInfo
 from autonorm.errors import AutonormError, CorruptDatabaseWarning, DatabaseError
-from autonorm.space import THREADS, KernelConfig
+from autonorm.ops.layer_norm.config import THREADS, KernelConfig
+from autonorm.runtime.device import DeviceInfo
+from autonorm.store.db import KEY_COLUMNS, SCHEMA_VERSION, STATUSES, TuningDB, TuningKey
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SCHEMA_V1 = FIXTURES / "schema_v1.db"

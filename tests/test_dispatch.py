@@ -8,16 +8,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autonorm import codegen, dispatch
-from autonorm.db import TuningDB, TuningKey
-from autonorm.device import DeviceInfo
+from autonorm import dispatch
 from autonorm.errors import (
     DeviceMismatchError,
     InputError,
     ShapeError,
     UnsupportedDtypeError,
 )
-from autonorm.space import KernelConfig, Problem, check, default_config, rows_bucket
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.layer_norm.space import default_config
+import autonorm.runtime.device
+from autonorm.runtime.device import DeviceInfo
+from autonorm.store.db import TuningDB, TuningKey
 
 H200 = DeviceInfo(
     name="NVIDIA H200",
@@ -43,14 +49,14 @@ METRICS = {"median_us": 10.0, "gbps": 3000.0, "share": 0.8}
 @pytest.fixture
 def dbs(tmp_path, monkeypatch):
     """Point autonorm at empty user and shipped DBs in tmp_path and fake an H200."""
-    import autonorm.device
+    import autonorm.runtime.device
 
     user = tmp_path / "user.db"
     shipped = tmp_path / "shipped.db"
     monkeypatch.setenv("AUTONORM_DB", str(user))
     monkeypatch.setenv("AUTONORM_SHIPPED_DB", str(shipped))
     monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
-    monkeypatch.setattr(autonorm.device, "query_device", lambda device_id=None: H200)
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: H200)
     TuningDB(shipped).close()  # an empty but valid shipped DB
     return user, shipped
 
@@ -257,13 +263,13 @@ def test_the_repos_shipped_db_serves_the_benchmark_grid_on_an_h200(
         dtype, hidden, rows, tmp_path, monkeypatch):
     # The shipped winners are keyed by the kernel templates' hash: a template change (even a
     # comment) without a re-tune would leave an H200 on defaults. This catches it on the CPU.
-    import autonorm.device
-    from autonorm import config
+    import autonorm.runtime.device
+    from autonorm import settings as config
 
     monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
     monkeypatch.delenv("AUTONORM_SHIPPED_DB", raising=False)
     monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
-    monkeypatch.setattr(autonorm.device, "query_device", lambda device_id=None: H200)
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: H200)
     assert config.shipped_db_path() is not None
     choice = dispatch.choose_config(Problem(hidden, dtype), rows)
     assert choice.source == "shipped", (choice, codegen.code_version())

@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autonorm import compiler, export
-from autonorm.codegen import DYNAMIC_MIN_TILES, LaunchPlan, code_version, render
-from autonorm.db import TuningDB, TuningKey
-from autonorm.device import DeviceInfo
+from autonorm import export
+from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan
+from autonorm.errors import ConfigError
 from autonorm.export import (
     DefaultConfigWarning,
     default_basename,
@@ -26,14 +25,15 @@ from autonorm.export import (
     export_kernel,
     render_export,
 )
-from autonorm.space import (
-    ConfigError,
-    KernelConfig,
-    Problem,
-    check,
-    default_config,
-    smem_bytes,
-)
+from autonorm.ops.layer_norm.codegen import code_version, render
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.plan import smem_bytes
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.layer_norm.space import default_config
+from autonorm.runtime import compiler, offline
+from autonorm.runtime.device import DeviceInfo
+from autonorm.store.db import TuningDB, TuningKey
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DRIVER = FIXTURES / "export_driver.cu"
@@ -82,7 +82,7 @@ BULK_CASES = [_case(2048, "bfloat16", config=BULK), _case(65536, "bfloat16", con
 
 
 def _nvcc() -> str:
-    nvcc = compiler.nvcc_path()
+    nvcc = offline.nvcc_path()
     if nvcc is None:
         pytest.skip("nvcc not found on PATH: compiling exported kernels needs the CUDA toolkit")
     return nvcc
@@ -443,7 +443,7 @@ def test_export_from_db_device_choice(
     user_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stamps = iter(["2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00"] * 4)
-    monkeypatch.setattr("autonorm.db._utc_now", lambda: next(stamps))
+    monkeypatch.setattr("autonorm.store.db._utc_now", lambda: next(stamps))
     a100_config = KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)
     _add_winner(user_db, _key(H200), CLUSTER)
     _add_winner(user_db, _key(A100), a100_config, device=A100)  # tuned last: the most recent
@@ -523,7 +523,7 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
 ) -> None:
     cupy = pytest.importorskip("cupy")
     nvcc = _nvcc()
-    from autonorm.device import query_device
+    from autonorm.runtime.device import query_device
 
     info = query_device()
     limits = info.limits()

@@ -15,23 +15,24 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from autonorm import space
-from autonorm.codegen import RenderedKernel, render
-from autonorm.compiler import compile_offline, nvcc_path
-from autonorm.space import (
+from autonorm.codegen.kernel import RenderedKernel
+from autonorm.dtypes import DTYPES
+from autonorm.errors import ConfigError
+from autonorm.ops import layer_norm as space
+from autonorm.ops.layer_norm.codegen import render
+from autonorm.ops.layer_norm.config import (
     BLOCKS_PER_SM,
     CACHES,
     CLUSTERS,
-    DTYPES,
-    H200,
     ROWS_PER_BLOCK,
     STATS,
     THREADS,
     VECS,
-    ConfigError,
     KernelConfig,
-    Problem,
 )
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.runtime.limits import H200
+from autonorm.runtime.offline import compile_offline, nvcc_path
 
 # Kernels compiled by the one nvcc run: about 4 s of nvcc for sm_90 on one core.
 MAX_COMPILED = 40
@@ -130,9 +131,9 @@ def test_accepted_kernels_compile_with_nvcc():
 @settings(FUZZ, max_examples=GPU_EXAMPLES, phases=[Phase.generate])
 @given(problem=problems(20000), data=st.data())
 def test_random_valid_kernels_verify_on_the_gpu(problem: Problem, data: st.DataObject):
-    from autonorm import compiler
-    from autonorm.device import query_device
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
 
     limits = query_device().limits()
     candidates = space.enumerate_space(problem, limits)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autonorm import bench
-from autonorm.space import KernelConfig, Problem
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.tune import bench
 
 pytestmark = pytest.mark.gpu
 
@@ -14,7 +15,7 @@ SLOW = KernelConfig.from_label("t64v1r1-smem-two_pass-c1-p0")
 
 
 def test_single_launch_copy_agrees_with_the_back_to_back_copy() -> None:
-    from autonorm.device import query_device
+    from autonorm.runtime.device import query_device
 
     flush = bench.FLUSH_L2_MULTIPLE * query_device(0).l2_bytes
     single = bench.single_copy_gbps(0, 1 << 28, flush)
@@ -25,7 +26,7 @@ def test_single_launch_copy_agrees_with_the_back_to_back_copy() -> None:
 
 
 def test_finals_time_long_problems_in_single_launches_and_rank_them() -> None:
-    from autonorm.evaluator import GpuEvaluator
+    from autonorm.tune.evaluator import GpuEvaluator
 
     evaluator = GpuEvaluator(Problem(16384, "bfloat16"), rows=4096)
     assert evaluator.retimes_in_single_launches()  # 128 MiB moved: about 32 us at copy speed
@@ -43,7 +44,7 @@ def test_finals_time_long_problems_in_single_launches_and_rank_them() -> None:
 
 
 def test_finals_time_short_problems_back_to_back() -> None:
-    from autonorm.evaluator import GpuEvaluator
+    from autonorm.tune.evaluator import GpuEvaluator
 
     evaluator = GpuEvaluator(Problem(16384, "bfloat16"), rows=8)
     assert not evaluator.retimes_in_single_launches()

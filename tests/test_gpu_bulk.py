@@ -7,13 +7,10 @@ import random
 
 import pytest
 
-from autonorm.space import (
-    DTYPES,
-    KernelConfig,
-    Problem,
-    bulk_seed_configs,
-    enumerate_space,
-)
+from autonorm.dtypes import DTYPES
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import bulk_seed_configs, enumerate_space
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +25,8 @@ def _configs(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001
 
 
 def _kernel(config: KernelConfig, problem: Problem, source_patch=None):  # noqa: ANN001, ANN202
-    from autonorm import codegen, compiler
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler
 
     rendered = codegen.render(config, problem)
     if source_patch is not None:
@@ -41,8 +39,8 @@ def _kernel(config: KernelConfig, problem: Problem, source_patch=None):  # noqa:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", HIDDEN)
 def test_bulk_configs_verify(dtype: str, hidden: int) -> None:
-    from autonorm.device import query_device
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime.device import query_device
 
     limits = query_device().limits()
     problem = Problem(hidden, dtype)
@@ -59,7 +57,7 @@ def test_bulk_configs_verify(dtype: str, hidden: int) -> None:
 @pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("cluster", [1, 2])
 def test_bulk_affine_variants_verify(affine: tuple[bool, bool], cluster: int) -> None:
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
 
     problem = Problem(16384, "bfloat16", *affine)
     config = KernelConfig(512, 8, 1, "bulk", "two_pass", cluster, 0, 2)
@@ -68,7 +66,7 @@ def test_bulk_affine_variants_verify(affine: tuple[bool, bool], cluster: int) ->
 
 @pytest.mark.parametrize("cluster", [1, 4])
 def test_bulk_offset_rows_within_1e_6(cluster: int) -> None:
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
 
     problem = Problem(65536 if cluster > 1 else 4096, "float32")
     config = KernelConfig(512, 4, 1, "bulk", "two_pass", cluster, 0, 2)
@@ -109,7 +107,7 @@ UNCORRECTED = (
 @pytest.mark.parametrize(("hidden", "cluster"), [(16384, 1), (65536, 4)])
 def test_uncorrected_two_pass_fails_only_on_an_outlier_shift(hidden: int, cluster: int) -> None:
     """The check can fail: an outlier first element costs the uncorrected fp32 two-pass bits."""
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
 
     problem = Problem(hidden, "float32")
     config = KernelConfig(512, 4, 1, "bulk", "two_pass", cluster, 0, 2)
@@ -128,7 +126,7 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift(hidden: int, cluste
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_broken_bulk_variants_are_rejected(name: str) -> None:
     """The check can fail: each deliberately broken bulk kernel fails verification."""
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
 
     config, problem, patch = BROKEN[name]
     good = verify(_kernel(config, problem), problem)
@@ -139,7 +137,7 @@ def test_broken_bulk_variants_are_rejected(name: str) -> None:
 
 @pytest.mark.parametrize(("threads", "cluster"), [(1024, 1), (512, 4)])
 def test_bulk_grid_is_what_can_be_resident(threads: int, cluster: int) -> None:
-    from autonorm.device import query_device
+    from autonorm.runtime.device import query_device
 
     info = query_device()
     problem = Problem(65536, "bfloat16")
@@ -156,7 +154,7 @@ def test_bulk_grid_is_what_can_be_resident(threads: int, cluster: int) -> None:
 
 
 def test_evaluator_times_a_bulk_kernel() -> None:
-    from autonorm.evaluator import GpuEvaluator
+    from autonorm.tune.evaluator import GpuEvaluator
 
     problem = Problem(16384, "bfloat16")
     evaluator = GpuEvaluator(problem, rows=4096)

@@ -21,7 +21,8 @@ from autonorm.errors import (
     ShapeError,
     UnsupportedDtypeError,
 )
-from autonorm.reference import layer_norm_reference, measure_error
+from autonorm.numerics import measure_error
+from autonorm.ops.layer_norm.reference import layer_norm_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from autonorm.space import DTYPES, KernelConfig, Problem, default_config, enumerate_space
+from autonorm.dtypes import DTYPES
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config, enumerate_space
 
 pytestmark = pytest.mark.gpu
 
@@ -24,9 +27,10 @@ def _sample(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", HIDDEN)
 def test_sampled_sweep_verifies(dtype: str, hidden: int) -> None:
-    from autonorm import codegen, compiler
-    from autonorm.device import query_device
-    from autonorm.verify import verify
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
 
     limits = query_device().limits()
     problem = Problem(hidden, dtype)
@@ -41,8 +45,9 @@ def test_sampled_sweep_verifies(dtype: str, hidden: int) -> None:
 
 @pytest.mark.parametrize("affine", [(False, False), (True, False), (False, True)])
 def test_affine_variants_verify(affine: tuple[bool, bool]) -> None:
-    from autonorm import codegen, compiler
-    from autonorm.verify import verify
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
 
     problem = Problem(4096, "bfloat16", *affine)
     kernel = compiler.compile_kernel(codegen.render(default_config(problem), problem))
@@ -51,8 +56,9 @@ def test_affine_variants_verify(affine: tuple[bool, bool]) -> None:
 
 def test_unstable_variant_is_rejected_and_stable_ones_pass() -> None:
     """The check can fail: E[x^2]-E[x]^2 without a shift loses the offset rows' variance."""
-    from autonorm import codegen, compiler
-    from autonorm.verify import verify
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
 
     problem = Problem(4096, "float32")
     base = KernelConfig(256, 4, 1, "registers", "two_pass", 1, 0)
@@ -91,8 +97,9 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift() -> None:
     """
     import dataclasses
 
-    from autonorm import codegen, compiler
-    from autonorm.verify import verify
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
 
     problem = Problem(16384, "float32")
     rendered = codegen.render(KernelConfig(512, 4, 1, "registers", "two_pass", 1, 0), problem)
@@ -125,8 +132,9 @@ REBASED_WELFORD = [
 @pytest.mark.parametrize(("hidden", "label", "predicted"), REBASED_WELFORD)
 def test_welford_follows_its_mean_under_an_outlier_shift(hidden: int, label: str,
                                                          predicted: float) -> None:
-    from autonorm import codegen, compiler
-    from autonorm.verify import OUTLIER_CASE, verify
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.verify import OUTLIER_CASE, verify
+    from autonorm.runtime import compiler
 
     config = KernelConfig.from_label(label)
     problem = Problem(hidden, "float32")
@@ -139,14 +147,16 @@ def test_welford_follows_its_mean_under_an_outlier_shift(hidden: int, label: str
 def test_cupy_launch_path_on_a_raw_stream() -> None:
     """Without the ctypes launcher (no driver library, or a thread without a context) a launch
     on a raw stream pointer goes through CuPy: the same bits as the ctypes launch, and no
-    DeprecationWarning (CuPy 14 deprecates ``ExternalStream``; ``compiler.wrap_stream``)."""
+    DeprecationWarning (CuPy 14 deprecates ``ExternalStream``; ``driver.wrap_stream``)."""
     import warnings
 
     import cupy
     import numpy as np
 
-    from autonorm import bench, codegen, compiler
-    from autonorm.reference import from_float64
+    from autonorm.numerics import from_float64
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler
+    from autonorm.tune import bench
 
     problem = Problem(4096, "bfloat16")
     kernel = compiler.compile_kernel(codegen.render(default_config(problem), problem))
@@ -175,4 +185,4 @@ def test_cupy_launch_path_on_a_raw_stream() -> None:
     poison = cupy.uint16(0xFFFF)
     assert not bool((outs[0].view(cupy.uint16) == poison).any()), "rows left unwritten"
     assert bool((outs[0].view(cupy.uint16) == outs[1].view(cupy.uint16)).all())
-    assert compiler.wrap_stream(stream.ptr).ptr == stream.ptr
+    assert driver.wrap_stream(stream.ptr).ptr == stream.ptr

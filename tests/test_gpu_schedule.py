@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from keep_x_cases import FWD_KEEP_CASES
 
-from autonorm.space import KernelConfig, Problem
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
 
 pytestmark = pytest.mark.gpu
 
@@ -31,8 +32,9 @@ def _setup(config: KernelConfig, hidden: int, dtype: str, rows_per_cluster: int 
     import cupy
     import numpy as np
 
-    from autonorm import codegen, compiler
-    from autonorm.reference import from_float64
+    from autonorm.numerics import from_float64
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler
 
     problem = Problem(hidden, dtype)
     kernel = compiler.compile_kernel(codegen.render(config, problem))
@@ -67,7 +69,7 @@ def _same_bits(a, b) -> bool:  # noqa: ANN001
 
 @pytest.mark.parametrize(("config", "hidden", "dtype"), CASES, ids=lambda v: str(v))
 def test_dynamic_schedule_matches_static_and_resets(config, hidden, dtype) -> None:  # noqa: ANN001
-    from autonorm import workspace
+    from autonorm.runtime import workspace
 
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
     static = _run(kernel, x, w, b, rows, work_ptr=0)
@@ -80,7 +82,7 @@ def test_dynamic_schedule_matches_static_and_resets(config, hidden, dtype) -> No
 
 @pytest.mark.parametrize(("config", "hidden", "dtype"), CASES[:3], ids=lambda v: str(v))
 def test_a_dirty_counter_skips_tiles(config, hidden, dtype) -> None:  # noqa: ANN001
-    from autonorm import workspace
+    from autonorm.runtime import workspace
 
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
     static = _run(kernel, x, w, b, rows, work_ptr=0)
@@ -94,8 +96,8 @@ def test_a_dirty_counter_skips_tiles(config, hidden, dtype) -> None:  # noqa: AN
 
 @pytest.mark.parametrize(("config", "hidden", "dtype"), CASES[:3], ids=lambda v: str(v))
 def test_few_tiles_a_cluster_take_the_static_schedule(config, hidden, dtype) -> None:  # noqa: ANN001
-    from autonorm import workspace
-    from autonorm.codegen import DYNAMIC_MIN_TILES
+    from autonorm.codegen.kernel import DYNAMIC_MIN_TILES
+    from autonorm.runtime import workspace
 
     # One tile a cluster fewer than the dynamic schedule needs (and a ragged last round).
     kernel, x, w, b, rows = _setup(config, hidden, dtype, rows_per_cluster=DYNAMIC_MIN_TILES - 1)
@@ -122,7 +124,7 @@ def _capture(kernel, x, w, b, ys, rows: int, stream, mode=None):  # noqa: ANN001
 def test_captured_launches_get_counters_of_their_own_and_replays_are_right(monkeypatch, mode) -> None:  # noqa: ANN001, E501
     import cupy
 
-    from autonorm import workspace
+    from autonorm.runtime import workspace
 
     config, hidden, dtype = CASES[0]
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
@@ -179,7 +181,7 @@ def test_graphs_replayed_at_once_on_two_streams_are_right() -> None:
 def test_concurrent_streams_each_get_their_own_counter() -> None:
     import cupy
 
-    from autonorm import workspace
+    from autonorm.runtime import workspace
 
     config, hidden, dtype = CASES[2]
     kernel, x, w, b, rows = _setup(config, hidden, dtype)
@@ -198,7 +200,7 @@ def test_concurrent_streams_each_get_their_own_counter() -> None:
 
 
 def test_dispatch_runs_the_dynamic_schedule_verified() -> None:
-    from autonorm.verify import verify
+    from autonorm.ops.layer_norm.verify import verify
 
     config, hidden, dtype = CASES[2]
     kernel, *_ = _setup(config, hidden, dtype)
@@ -213,7 +215,8 @@ def test_keep_x_writes_the_same_bits(config, hidden, dtype) -> None:  # noqa: AN
     # bits, both schedules (a dirty counter shows these equalities can fail, above).
     import dataclasses
 
-    from autonorm import codegen, compiler, workspace
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler, workspace
 
     kept = dataclasses.replace(config, keep_x=True)
     rendered = codegen.render(kept, Problem(hidden, dtype))
@@ -232,7 +235,8 @@ def test_keep_x_writes_the_same_bits_in_the_fwd_kernel(config, hidden, dtype) ->
     # plain load does, so every output bit is the plain kernel's.
     import dataclasses
 
-    from autonorm import codegen, compiler
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler
 
     kept = dataclasses.replace(config, keep_x=True)
     rendered = codegen.render(kept, Problem(hidden, dtype))

@@ -42,11 +42,14 @@ from crashing_evaluator import (
 from fake_evaluator import FakeEvaluator, fake_median_us, read_log
 from optuna.trial import TrialState
 
-from autonorm import codegen, space
 from autonorm.errors import AutonormError
-from autonorm.isolation import IsolatedEvaluator
-from autonorm.space import H200, KernelConfig, Problem
-from autonorm.tuner import TuneSettings, open_storage, tune
+from autonorm.ops import layer_norm as codegen
+from autonorm.ops import layer_norm as space
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.runtime.limits import H200
+from autonorm.tune.isolation import IsolatedEvaluator
+from autonorm.tune.tuner import TuneSettings, open_storage, tune
 
 BF16 = Problem(hidden=4096, dtype="bfloat16")
 SCRIPTED = (GOOD, OTHER, THIRD, CRASH, HANG, FAULT, CUDA_RAISE, BUG)

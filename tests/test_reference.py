@@ -5,20 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autonorm.reference import (
+from autonorm.dtypes import DTYPES
+from autonorm.numerics import (
     STORAGE_DTYPE,
     TOLERANCES,
     ErrorReport,
-    chan_merge,
     from_float64,
-    layer_norm_cpu,
-    layer_norm_reference,
     measure_error,
     to_float64,
+)
+from autonorm.ops.layer_norm.config import ROWS_PER_BLOCK
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.reference import (
+    chan_merge,
+    layer_norm_cpu,
+    layer_norm_reference,
     welford,
 )
-from autonorm.space import DTYPES, ROWS_PER_BLOCK, Problem
-from autonorm.verify import VERIFY_ROWS, make_affine, make_cases
+from autonorm.ops.layer_norm.verify import VERIFY_ROWS, make_affine, make_cases
 
 
 def f32_from_bits(bits: int) -> float:

@@ -7,29 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from autonorm import space
-from autonorm.space import (
-    CLUSTERS,
-    DTYPES,
-    H200,
-    ROWS_PER_BLOCK,
-    THREADS,
-    ConfigError,
-    DeviceLimits,
-    KernelConfig,
-    Problem,
-    check,
-    default_config,
-    derive_shape,
-    enumerate_space,
-    is_valid,
-    iter_space,
-    min_blocks_per_sm,
-    normalize_dtype,
-    require_valid,
-    rows_bucket,
-    smem_bytes,
-)
+from autonorm.dtypes import DTYPES, normalize_dtype
+from autonorm.errors import ConfigError
+from autonorm.ops import layer_norm as space
+from autonorm.ops.layer_norm import rules
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.config import CLUSTERS, ROWS_PER_BLOCK, THREADS, KernelConfig
+from autonorm.ops.layer_norm.plan import derive_shape, min_blocks_per_sm, smem_bytes
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check, is_valid, require_valid
+from autonorm.ops.layer_norm.space import default_config, enumerate_space, iter_space
+from autonorm.runtime.limits import H200, DeviceLimits
 
 BF16_4096 = Problem(4096, "bfloat16")
 
@@ -76,7 +64,7 @@ def test_vec_not_dividing_hidden_rejected():
 def test_rows_per_block_not_dividing_threads_rejected(monkeypatch):
     # With the shipped tuples (powers of two, rows <= 32 <= threads) the rule cannot fire;
     # widen the allowed rows to reach it.
-    monkeypatch.setattr(space, "ROWS_PER_BLOCK", (*ROWS_PER_BLOCK, 3, 64))
+    monkeypatch.setattr(rules, "ROWS_PER_BLOCK", (*ROWS_PER_BLOCK, 3, 64))
     problem = Problem(64, "float32")
     for bad in (
         KernelConfig(threads=256, vec=1, rows_per_block=3, cache="smem", stats="welford"),

@@ -116,7 +116,7 @@ NO_TORCH = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, NoTorch())
-    import autonorm, autonorm.errors, autonorm.space, autonorm.config, autonorm.device
+    import autonorm, autonorm.errors, autonorm.ops.layer_norm, autonorm.settings, autonorm.runtime.device
     assert "torch" not in sys.modules, "torch was imported"
     assert not attempts, f"import autonorm tried to import {attempts}"
     try:
@@ -778,8 +778,9 @@ def test_gpu_cuda_graph_capture_and_replay():
 
 @gpu
 def test_gpu_cuda_graph_of_bulk_kernels_takes_the_dynamic_schedule():
-    from autonorm import dispatch, workspace
-    from autonorm.space import Problem
+    from autonorm import dispatch
+    from autonorm.ops.layer_norm.problem import Problem
+    from autonorm.runtime import workspace
 
     torch.manual_seed(0)
     dtype, hidden, rows = torch.bfloat16, 32768, 2048

@@ -21,10 +21,12 @@ from fake_evaluator import (
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.trial import TrialState
 
-from autonorm import space
+from autonorm.ops import layer_norm as space
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
 from autonorm.results import Outcome, Timing
-from autonorm.space import H200, KernelConfig, Problem
-from autonorm.tuner import (
+from autonorm.runtime.limits import H200
+from autonorm.tune.tuner import (
     TuneSettings,
     open_storage,
     run_workers,

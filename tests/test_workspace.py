@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autonorm import compiler, workspace
+from autonorm.runtime import driver as driver_module
+from autonorm.runtime import workspace
 
 
 class FakeDriver:
@@ -64,7 +65,7 @@ def pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def use_driver(monkeypatch: pytest.MonkeyPatch, driver: object) -> None:
-    monkeypatch.setattr(compiler, "driver_library", lambda: driver)
+    monkeypatch.setattr(driver_module, "driver_library", lambda: driver)
 
 
 def test_no_driver_means_no_counter(monkeypatch: pytest.MonkeyPatch, allocations) -> None:  # noqa: ANN001

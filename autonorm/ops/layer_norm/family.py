@@ -1,0 +1,105 @@
+"""LayerNorm forward as a kernel family (:class:`autonorm.ops.base.Family`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autonorm.ops.layer_norm import codegen, rules, space
+from autonorm.ops.layer_norm.config import (
+    BLOCKS_PER_SM,
+    BULK_FIXED,
+    CACHES,
+    CLUSTERS,
+    MAX_REGS,
+    ROWS_PER_BLOCK,
+    STAGES,
+    STATS,
+    THREADS,
+    VECS,
+    KernelConfig,
+)
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.runtime.limits import DeviceLimits
+
+
+class LayerNormFamily:
+    """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over each row."""
+
+    op = "layer_norm"
+    template_dir = codegen.TEMPLATE_DIR
+    problem_type = Problem
+    config_type = KernelConfig
+
+    def problem(self, **fields: Any) -> Problem:
+        """Build a problem from its fields (hidden, dtype, has_weight, has_bias)."""
+        return Problem(**fields)
+
+    def config_from_dict(self, data: dict[str, Any]) -> KernelConfig:
+        """Build a configuration from a dict (unknown keys ignored)."""
+        return KernelConfig.from_dict(data)
+
+    def suggest(self, trial: Any) -> KernelConfig:
+        """Ask ``trial`` for one point of the template family (parameters named as the fields).
+
+        The bulk-copy kernel fixes its statistics (two-pass), grid and registers (occupancy)
+        and alone takes ``stages``: those parameters are asked conditionally, so no ask is spent
+        on combinations that cannot exist.
+        """
+        threads = trial.suggest_categorical("threads", THREADS)
+        vec = trial.suggest_categorical("vec", VECS)
+        rows_per_block = trial.suggest_categorical("rows_per_block", ROWS_PER_BLOCK)
+        cache = trial.suggest_categorical("cache", CACHES)
+        cluster = trial.suggest_categorical("cluster", CLUSTERS)
+        keep_x = trial.suggest_categorical("keep_x", (False, True))
+        if cache == "bulk":
+            stages = trial.suggest_categorical("stages", STAGES[1:])
+            return KernelConfig(
+                threads=threads, vec=vec, rows_per_block=rows_per_block, cache=cache,
+                cluster=cluster, stages=stages, keep_x=keep_x,
+                **BULK_FIXED,  # type: ignore[arg-type]
+            )
+        return KernelConfig(
+            threads=threads,
+            vec=vec,
+            rows_per_block=rows_per_block,
+            cache=cache,
+            stats=trial.suggest_categorical("stats", STATS),
+            cluster=cluster,
+            blocks_per_sm=trial.suggest_categorical("blocks_per_sm", BLOCKS_PER_SM),
+            max_regs=trial.suggest_categorical("max_regs", MAX_REGS),
+            keep_x=keep_x,
+        )
+
+    def check(self, config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:
+        """Return why ``config`` cannot run ``problem`` on ``device``."""
+        return rules.check(config, problem, device)
+
+    def space(self, problem: Problem, device: DeviceLimits) -> list[KernelConfig]:
+        """Return every valid configuration, in a fixed order."""
+        return space.enumerate_space(problem, device)
+
+    def default(self, problem: Problem, device: DeviceLimits) -> KernelConfig:
+        """Return the untuned default configuration."""
+        return space.default_config(problem, device)
+
+    def seeds(
+        self, problem: Problem, device: DeviceLimits, rows: int | None = None
+    ) -> list[KernelConfig]:
+        """Return the search's starting points, the default first."""
+        return space.seed_configs(problem, device, rows)
+
+    def render(self, config: KernelConfig, problem: Problem, device: DeviceLimits) -> Any:
+        """Render the kernel (a :class:`autonorm.codegen.kernel.RenderedKernel`)."""
+        return codegen.render(config, problem, device)
+
+    def code_version(self) -> str:
+        """Return the package version and a hash of the family's templates."""
+        return codegen.code_version()
+
+    def bytes_moved(self, problem: Problem, rows: int) -> int:
+        """x read and y written once, weight and bias read once."""
+        affine = int(problem.has_weight) + int(problem.has_bias)
+        return (2 * rows + affine) * problem.hidden * problem.itemsize
+
+
+FAMILY = LayerNormFamily()

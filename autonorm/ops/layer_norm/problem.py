@@ -1,0 +1,51 @@
+"""What a LayerNorm forward normalizes: the hidden size, the dtype and the affine flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from autonorm.dtypes import ITEMSIZE, normalize_dtype
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias)."""
+
+    hidden: int
+    dtype: str = "bfloat16"
+    has_weight: bool = True
+    has_bias: bool = True
+
+    op: ClassVar[str] = "layer_norm"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return ITEMSIZE[self.dtype]
+
+    @property
+    def max_vec(self) -> int:
+        """Widest vector (elements) that is a 16-byte load and divides the hidden size."""
+        vec = 16 // self.itemsize
+        while self.hidden % vec:
+            vec //= 2
+        return vec
+
+    def fields(self) -> dict[str, Any]:
+        """Return the fields that identify the problem (the tuning DB's problem column)."""
+        return {
+            "hidden": self.hidden, "dtype": self.dtype,
+            "has_weight": self.has_weight, "has_bias": self.has_bias,
+        }
+
+    def describe(self) -> str:
+        """Return e.g. ``bfloat16 hidden 4096 (weight, bias)``."""
+        flags = (("weight", self.has_weight), ("bias", self.has_bias))
+        affine = [name for name, on in flags if on]
+        return f"{self.dtype} hidden {self.hidden} ({', '.join(affine) or 'no weight or bias'})"

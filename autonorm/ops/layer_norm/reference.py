@@ -1,0 +1,76 @@
+"""The float64 LayerNorm reference, dtype conversions and error measures.
+
+Array-module agnostic: every function takes NumPy or CuPy arrays and uses the module they came
+from (``xp``), so the reference can run on the GPU for large verification inputs. No CuPy import
+at module import.
+
+bfloat16 is stored as raw ``uint16`` bits (the top half of a float32), so neither NumPy nor CuPy
+needs a bfloat16 dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autonorm.numerics import array_module
+
+
+def layer_norm_reference(
+    x: Any, weight: Any | None, bias: Any | None, eps: float
+) -> Any:
+    """Float64 LayerNorm over the last axis of float64 inputs (two-pass, exact to rounding)."""
+    xp = array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    y = centered / xp.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def chan_merge(
+    a: tuple[float, float, float], b: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """Merge two (count, mean, M2) partials (Chan et al.), as the kernels do across threads.
+
+    >>> chan_merge((2, 11.0, 2.0), (2, 15.0, 2.0))
+    (4, 13.0, 20.0)
+    """
+    na, ma, m2a = a
+    nb, mb, m2b = b
+    n = na + nb
+    if nb == 0:
+        return a
+    if na == 0:
+        return b
+    delta = mb - ma
+    mean = ma + delta * nb / n
+    m2 = m2a + m2b + delta * delta * na * nb / n
+    return (n, mean, m2)
+
+
+def welford(values: Any) -> tuple[float, float, float]:
+    """Return (count, mean, M2) of ``values`` by Welford's update, in float64."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for v in np.asarray(values, dtype=np.float64).ravel():
+        n += 1
+        delta = v - mean
+        mean += delta / n
+        m2 += delta * (v - mean)
+    return (n, mean, m2)
+
+
+def layer_norm_cpu(x: np.ndarray, weight: Any | None, bias: Any | None, eps: float) -> Any:
+    """LayerNorm of NumPy arrays on the CPU, returned in the input dtype (float64 inside)."""
+    y = layer_norm_reference(
+        x.astype(np.float64),
+        None if weight is None else np.asarray(weight, dtype=np.float64),
+        None if bias is None else np.asarray(bias, dtype=np.float64),
+        eps,
+    )
+    return y.astype(x.dtype)

@@ -1,0 +1,110 @@
+"""Compile rendered kernels: NVRTC through CuPy at run time, nvcc offline.
+
+Run time: :func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``.
+Modules are cached in this process (keyed by source hash, arch and CUDA version) and on disk by
+CuPy's kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a
+second process loads the cubin instead of compiling again. :func:`precompile` warms that disk
+cache from a pool of processes, so a tuner's GPU does not wait on NVRTC.
+
+Offline: :func:`compile_offline` compiles many kernels for a named arch with nvcc on a machine
+without a GPU and reports registers, shared memory and spills from ``-Xptxas -v``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autonorm.codegen.kernel import RenderedKernel
+from autonorm.errors import CompileError
+from autonorm.runtime.compiler import _DIAG
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """Resources of one compiled kernel, from ``ptxas -v``."""
+
+    name: str
+    registers: int
+    static_smem: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> bool:
+        """True when the kernel uses local memory for spills or a stack frame."""
+        return bool(self.spill_stores or self.spill_loads or self.stack_frame)
+
+_FUNC_RE = re.compile(r"Function properties for (\w+)")
+
+_FRAME_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+
+_COMPILING_RE = re.compile(r"Compiling entry function '(\w+)'")
+
+_USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def nvcc_path() -> str | None:
+    """Return the nvcc executable, or None if it is not installed."""
+    return shutil.which("nvcc")
+
+
+def parse_ptxas(log: str) -> dict[str, PtxasReport]:
+    """Parse ``nvcc -Xptxas -v`` output into one report per kernel."""
+    frames: dict[str, tuple[int, int, int]] = {}
+    used: dict[str, tuple[int, int]] = {}
+    current_props = current_entry = None
+    for line in log.splitlines():
+        if m := _FUNC_RE.search(line):
+            current_props = m.group(1)
+        elif (m := _FRAME_RE.search(line)) and current_props:
+            frames[current_props] = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        if m := _COMPILING_RE.search(line):
+            current_entry = m.group(1)
+        elif (m := _USED_RE.search(line)) and current_entry:
+            used[current_entry] = (int(m.group(1)), int(m.group(2) or 0))
+    reports = {}
+    for name, (regs, smem) in used.items():
+        frame, st, ld = frames.get(name, (0, 0, 0))
+        reports[name] = PtxasReport(name, regs, smem, frame, st, ld)
+    return reports
+
+
+def compile_offline(
+    kernels: Sequence[RenderedKernel], arch: str = "sm_90", *, workdir: Path | None = None
+) -> dict[str, PtxasReport]:
+    """Compile ``kernels`` together with nvcc for ``arch``; no GPU needed.
+
+    The sources are concatenated into one translation unit (every kernel has a unique name and
+    its helpers live in a namespace of their own), so a sweep costs one nvcc run.
+
+    Raises:
+        CompileError: nvcc is missing or rejected the source (its log is in the message).
+
+    """
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise CompileError("nvcc not found on PATH: offline compilation needs the CUDA toolkit")
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        src = Path(tmp) / "sweep.cu"
+        src.write_text("\n".join(k.source for k in kernels))
+        cmd = [
+            nvcc, f"-arch={arch}", "-std=c++17", "-cubin", "-Xptxas", "-v",
+            f"-diag-suppress={_DIAG}", "-o", str(Path(tmp) / "sweep.cubin"), str(src),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        reports = parse_ptxas(proc.stdout + proc.stderr)
+    missing = [k.name for k in kernels if k.name not in reports]
+    if missing:
+        raise CompileError(f"ptxas reported nothing for {missing[:3]}")
+    return reports
