@@ -15,7 +15,7 @@ __all__ = ["AutonormError", "__version__", "layer_norm"]
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
     if name == "layer_norm":
-        from autonorm.dispatch import layer_norm
+        from autonorm.api import layer_norm
 
         return layer_norm
     raise AttributeError(f"module 'autonorm' has no attribute {name!r}")

@@ -1,10 +1,4 @@
-"""The search space: problems, kernel configurations, validity rules and enumeration.
-
-A :class:`Problem` is what the user asks for (hidden size, dtype, affine flags). A
-:class:`KernelConfig` is one point of the template family. :func:`check` says why a
-configuration cannot run a problem on a device, before anything is compiled;
-:func:`enumerate_space` lists every valid configuration and :func:`default_config` picks a sound
-one for any hidden size without tuning.
+"""The dtypes autonorm computes in, their sizes and the names a user may give them.
 
 Pure logic: no CuPy, no GPU.
 """

@@ -43,6 +43,5 @@ class CorruptDatabaseWarning(UserWarning):
     """A corrupt tuning database was moved aside and replaced by a fresh, empty one."""
 
 
-
 class ConfigError(AutonormError, ValueError):
     """A configuration cannot run a problem, or no configuration can (unsupported hidden size)."""

@@ -1,8 +1,12 @@
-"""The float64 LayerNorm reference, dtype conversions and error measures.
+"""Dtype conversions to and from float64, error measures against a reference, tolerances.
+
+Generic over kernel families: a family's verification rounds its float64 inputs with
+:func:`from_float64`, reads outputs back with :func:`to_float64` and compares them with its own
+float64 reference through :func:`measure_error` (docs/accuracy.md gives the tolerances' basis).
 
 Array-module agnostic: every function takes NumPy or CuPy arrays and uses the module they came
-from (``xp``), so the reference can run on the GPU for large verification inputs. No CuPy import
-at module import.
+from (``xp``), so a check can run on the GPU for large verification inputs. No CuPy import at
+module import.
 
 bfloat16 is stored as raw ``uint16`` bits (the top half of a float32), so neither NumPy nor CuPy
 needs a bfloat16 dtype.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# Why a candidate failed. "invalid" is decided before compiling (autonorm.space.check);
+# Why a candidate failed. "invalid" is decided before compiling (the family's check);
 # "compile" is NVRTC/nvcc; "launch" is a launch error or a GPU fault; "verification" is a
 # result that disagrees with the float64 reference.
 FailureClass = Literal["invalid", "compile", "launch", "verification"]
@@ -24,7 +24,7 @@ class Timing:
         p20_us: 20th percentile, microseconds.
         p80_us: 80th percentile, microseconds.
         cv: coefficient of variation of the samples (std / mean).
-        gbps: bytes that must move (x read + y written + weight/bias) / median time, GB/s.
+        gbps: bytes that must move (the family's ``bytes_moved``) / median time, GB/s.
         share: gbps over the copy bandwidth measured on the same device (0..1), or 0 if unknown.
         samples: number of timed samples behind the statistics.
 

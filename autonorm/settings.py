@@ -6,7 +6,7 @@ Environment variables:
     AUTONORM_SHIPPED_DB: override the path of the read-only shipped database.
     AUTONORM_NO_SHIPPED_DB: set to 1 to ignore the shipped database (tests, A/B runs).
     AUTONORM_NO_KEEP_X: set to 1 to dispatch tuned kernels without keep_x's L2 hint (for a
-        program whose next kernel re-reads tens of MB from L2; benchmarks/NOTES.md 117).
+        program whose next kernel re-reads tens of MB from L2; docs/l2-hints.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
-"""Speed exploration on the GPU: verify and time a sample of configurations per shape.
+"""Verify and time a random sample of LayerNorm configurations per shape, beside the default.
 
-Run on the GPU machine:  python benchmarks/explore.py --out $OUT
-Prints a table of the best configurations per (dtype, hidden) at 2^26 elements and writes every
-measurement to explore.json.
+Run on a GPU machine, from the repository root::
+
+    python benchmarks/explore.py --dtypes bf16 --hidden 4096,16384 --out results/
+    python benchmarks/explore.py --focus cache=smem,vec=max --per-shape 32
+
+Each shape is timed at ``--elements / hidden`` rows by the tuner's own evaluator (compile,
+verify against float64, time: docs/timing.md). The script prints the four fastest verified
+configurations and the first failures of each shape, and writes every measurement to
+``explore.json`` in ``--out``. It is a way to look at a shape's space without a search; the
+tuner (``autonorm tune``) is the way to pick a winner.
 """
 
 from __future__ import annotations
@@ -10,40 +17,62 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
-from autonorm.dtypes import normalize_dtype
-from autonorm.ops.layer_norm.problem import Problem
-from autonorm.ops.layer_norm.space import default_config, enumerate_space
-from autonorm.runtime.compiler import CompilePool
-from autonorm.runtime.device import query_device
-from autonorm.tune.evaluator import GpuEvaluator
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (no GPU and no autonorm import needed for ``--help``)."""
+    parser = argparse.ArgumentParser(
+        description="Verify against float64 and time a random sample of LayerNorm kernel "
+                    "configurations per (dtype, hidden size), beside the untuned default, "
+                    "with the tuner's evaluator. Prints the fastest per shape and writes "
+                    "explore.json.",
+    )
+    parser.add_argument("--dtypes", default="bf16,fp32",
+                        help="comma-separated dtypes: bf16, fp16, fp32 (default: bf16,fp32)")
+    parser.add_argument("--hidden", default="768,1024,2048,4096,8192,16384,32768,65536",
+                        help="comma-separated hidden sizes (default: 768 ... 65536)")
+    parser.add_argument("--per-shape", type=int, default=16,
+                        help="random configurations sampled per shape (default: 16)")
+    parser.add_argument("--elements", type=int, default=1 << 26,
+                        help="elements per launch; rows = elements // hidden (default: 2^26)")
+    parser.add_argument("--out", default="benchmarks/results",
+                        help="folder for explore.json (default: benchmarks/results)")
+    parser.add_argument("--configs", default="",
+                        help="a JSON list of configuration dicts (KernelConfig.to_dict) to "
+                             "add to every shape where they are valid")
+    parser.add_argument("--focus", default="",
+                        help="sample only configurations with these fields, e.g. "
+                             "cache=registers,vec=max,cluster=1 (vec=max: the widest vector; "
+                             "blocks_per_sm=persistent: any persistent grid)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed (default: the hidden size, so runs repeat)")
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dtypes", default="bf16,fp32")
-    parser.add_argument("--hidden", default="768,1024,2048,4096,8192,16384,32768,65536")
-    parser.add_argument("--per-shape", type=int, default=16)
-    parser.add_argument("--elements", type=int, default=1 << 26)
-    parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--configs", default="", help="JSON list of config dicts to add")
-    parser.add_argument("--focus", default="", help="only sample configs with these fields, "
-                        "e.g. cache=registers,vec=max,cluster=1")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """Explore every requested shape; return the process exit code."""
+    args = parse_args(argv)
+    from autonorm.dtypes import normalize_dtype
+    from autonorm.ops.layer_norm.config import KernelConfig
+    from autonorm.ops.layer_norm.problem import Problem
+    from autonorm.ops.layer_norm.rules import check
+    from autonorm.ops.layer_norm.space import default_config, enumerate_space
+    from autonorm.runtime.compiler import CompilePool
+    from autonorm.runtime.device import query_device
+    from autonorm.tune.evaluator import GpuEvaluator
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = query_device()
-    limits = info.limits()
+    limits = query_device().limits()
     pool = CompilePool()
-    extra = json.loads(args.configs) if args.configs else []
-    records = []
+    extra = [KernelConfig.from_dict(d) for d in json.loads(args.configs)] if args.configs else []
+    records: list[dict] = []
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
             problem = Problem(hidden, normalize_dtype(dtype))
-            rows = args.elements // hidden
+            rows = max(1, args.elements // hidden)
             space = enumerate_space(problem, limits)
             for item in filter(None, args.focus.split(",")):
                 field, value = item.split("=")
@@ -51,34 +80,28 @@ def main() -> None:
                 space = [c for c in space if str(getattr(c, field)) == str(want)
                          or (field == "blocks_per_sm" and value == "persistent"
                              and c.blocks_per_sm > 0)]
-            rng = random.Random(hidden)
-            cands = [default_config(problem, limits)] + rng.sample(
-                space, min(args.per_shape, len(space))
-            )
-            from autonorm.ops.layer_norm.config import KernelConfig
-            from autonorm.ops.layer_norm.rules import check
-
-            for d in extra:
-                c = KernelConfig.from_dict(d)
-                if not check(c, problem, limits):
-                    cands.append(c)
+            rng = random.Random(hidden if args.seed is None else args.seed)
+            cands = [default_config(problem, limits)]
+            cands += rng.sample(space, min(args.per_shape, len(space)))
+            cands += [c for c in extra if not check(c, problem, limits)]
             t0 = time.time()
-            ev = GpuEvaluator(problem, rows, pool=pool)
-            ev.prepare(cands)
-            for c in cands:
-                o = ev.evaluate(c)
+            evaluator = GpuEvaluator(problem, rows, pool=pool)
+            evaluator.prepare(cands)
+            shape_records = []
+            for config in cands:
+                outcome = evaluator.evaluate(config)
                 rec = {"dtype": problem.dtype, "hidden": hidden, "rows": rows,
-                       "config": c.to_dict(), "label": c.label(), "status": o.status,
-                       "error": o.error, "max_rel_err": o.max_rel_err}
-                if o.timing:
-                    rec.update(us=o.timing.median_us, gbps=o.timing.gbps, share=o.timing.share,
-                               cv=o.timing.cv)
-                records.append(rec)
-            ok = sorted((r for r in records if r["dtype"] == problem.dtype and
-                         r["hidden"] == hidden and r["status"] == "ok"), key=lambda r: r["us"])
-            fails = [r for r in records if r["dtype"] == problem.dtype and r["hidden"] == hidden
-                     and r["status"] != "ok"]
-            print(f"{problem.dtype:9s} {hidden:6d} copy={ev.copy_gbps:.0f}GB/s "
+                       "config": config.to_dict(), "label": config.label(),
+                       "status": outcome.status, "error": outcome.error,
+                       "max_rel_err": outcome.max_rel_err}
+                if outcome.timing:
+                    rec.update(us=outcome.timing.median_us, gbps=outcome.timing.gbps,
+                               share=outcome.timing.share, cv=outcome.timing.cv)
+                shape_records.append(rec)
+            records += shape_records
+            ok = sorted((r for r in shape_records if r["status"] == "ok"), key=lambda r: r["us"])
+            fails = [r for r in shape_records if r["status"] != "ok"]
+            print(f"{problem.dtype:9s} {hidden:6d} copy={evaluator.copy_gbps:.0f}GB/s "
                   f"{time.time() - t0:5.1f}s fails={len(fails)}", flush=True)
             for r in ok[:4]:
                 print(f"    {r['share'] * 100:5.1f}%  {r['gbps']:7.0f} GB/s {r['us']:8.1f}us "
@@ -86,10 +109,10 @@ def main() -> None:
             for r in fails[:3]:
                 print(f"    FAIL {r['status']}: {r['label']}: {(r['error'] or '')[:200]}")
             (out / "explore.json").write_text(json.dumps(records, indent=1))
-            del ev
+            del evaluator
     pool.close()
-    sys.exit(0)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -6,13 +6,13 @@ Triton-tutorial-style kernel (``benchmarks/triton_tutorial_ln.py``) and Liger-Ke
 
 Run on the GPU machine, from the repository root::
 
-    python3 benchmarks/peers.py                    # everything (about 5 minutes on an H200)
+    python3 benchmarks/peers.py --out results/     # everything (about 5 minutes on an H200)
     python3 benchmarks/peers.py --quick --out $OUT # fewer sweep shapes
     python3 benchmarks/peers.py --selftest         # no GPU: tables, JSON, plot on fake numbers
 
-Method (see the project's timing notes): every implementation is first checked against a
-float64 reference on the same input (relative L2 error; above 1e-2 for bf16/fp16 or 1e-4 for
-fp32 it is flagged WRONG), then timed.
+Method (docs/timing.md; the H200 figures are in docs/results.md): every implementation is
+first checked against a float64 reference on the same input (relative L2 error; above 1e-2 for
+bf16/fp16 or 1e-4 for fp32 it is flagged WRONG), then timed.
 
 Bandwidth suites (sweep, llm) time single launches between CUDA events, each after a flush of
 the L2, median of the repeats, under two flushes back to back:
@@ -21,7 +21,7 @@ the L2, median of the repeats, under two flushes back to back:
   lines, so the launch pays for its own traffic and nothing else.
 - ``zero`` (secondary, what ``triton.testing.do_bench`` does): zero the same buffer. The L2 is
   left full of dirty lines whose write-back lands inside the timed launch, a fixed 4-6 us per
-  launch on an H200; kept so that runs can be compared with earlier ones.
+  launch on an H200; kept for comparison with figures timed by ``do_bench``.
 
 The share is GB/s over a device-to-device copy of the same bytes as x (2 x that moved), timed
 under the same flush in the same run: a fixed cost weighs more on a short launch, so a copy of
@@ -82,8 +82,9 @@ DEVICE = "cuda"  # a module constant so a CPU dry run can patch it
 COPY_BYTES = 2**28  # the fixed reference copy's buffer (2^29 bytes moved)
 # Copies are timed at x's size rounded to a MiB: sizes a few KiB apart (hidden 768 and 12288
 # do not divide 2^26) would each get a copy of their own, with its own noise, and cudaMemcpy's
-# rate depends on a size's last few KiB (NOTES.md 89). The tuner's finals round the same way
-# (autonorm.bench.copy_buffer_bytes; not imported here: --selftest runs without autonorm).
+# rate depends on a size's last few KiB (docs/timing.md). The tuner's finals round the same
+# way (autonorm.runtime.timing.copy_buffer_bytes; not imported here: --selftest runs without
+# autonorm).
 COPY_ROUND = 2**20
 FLUSH_BYTES = 256 * 2**20  # over 4x the H200's 60 MB L2, as do_bench's flush buffer
 FLUSHES = ("read", "zero")  # primary first
@@ -160,7 +161,25 @@ def _hidden_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="autonorm vs PyTorch eager, torch.compile, Triton tutorial and Liger.",
+        description=(
+            "Compare autonorm's LayerNorm forward with PyTorch eager, torch.compile, a\n"
+            "Triton-tutorial kernel and Liger-Kernel on one CUDA GPU. Every implementation is\n"
+            "checked against float64, then timed:\n"
+            "  sweep    2^26 elements at each hidden size, single launches after an L2 flush,\n"
+            "           as a share of a device-to-device copy of the same bytes;\n"
+            "  llm      bf16, 4,096 tokens at hidden 4096 and 8192, timed as the sweep;\n"
+            "  latency  hidden 16384, rows 1-512: do_bench, CUDA-graph replay, host time.\n"
+            "Prints the tables and writes peers.json and peers.png to --out.\n"
+            "Method: docs/timing.md. H200 figures: docs/results.md."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python benchmarks/peers.py --out results/          all suites (~5 min, H200)\n"
+            "  python benchmarks/peers.py --quick --out results/  4 hidden sizes, bf16, fp32\n"
+            "  python benchmarks/peers.py --suites latency        the latency suite alone\n"
+            "  python benchmarks/peers.py --selftest              no GPU: synthetic numbers"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--dtypes", type=lambda s: _choices(s, DTYPES, "--dtypes"), default=None,
                    help="sweep dtypes, e.g. bf16,fp16,fp32 (default all; --quick: bf16,fp32)")
@@ -830,7 +849,7 @@ def finalize(records: list[dict], rates: dict[tuple[int, str], float]) -> None:
     fixed_read, fixed_zero = rates.get((COPY_BYTES, "read")), rates.get((COPY_BYTES, "zero"))
     for r in records:
         if r["suite"] == "latency":
-            # Timed by do_bench (zeroing flush): over the fixed copy under that flush, as before.
+            # Timed by do_bench (zeroing flush): its share is over the fixed copy, same flush.
             r["share"] = _ratio(r["gbps"], fixed_zero)
             continue
         size = r.get("copy_bytes")

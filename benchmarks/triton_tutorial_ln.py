@@ -15,14 +15,47 @@ One deliberate difference: the tutorial refuses rows longer than the capped ``BL
 ("doesn't support feature dim >= 64KB"). The three loops already handle any length, so this
 version simply loops more (needed for hidden 65536 in bf16/fp16/fp32).
 
-Runs under ``TRITON_INTERPRET=1`` on CPU tensors too (how it was checked without a GPU).
+Runs under ``TRITON_INTERPRET=1`` on CPU tensors too. Run as a script, it checks itself
+against a float64 LayerNorm::
+
+    python benchmarks/triton_tutorial_ln.py --hidden 4096 --rows 64 --dtype bf16
+    python benchmarks/triton_tutorial_ln.py --device cpu     # Triton's interpreter, no GPU
 """
 
 from __future__ import annotations
 
-import torch
-import triton
-import triton.language as tl
+import argparse
+import os
+
+TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}  # relative L2, as benchmarks/peers.py
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the self-check's command line (before torch and Triton are imported)."""
+    parser = argparse.ArgumentParser(
+        description="The Triton-tutorial-style LayerNorm forward that benchmarks/peers.py "
+                    "measures as a peer. Run as a script, it normalizes random rows and "
+                    "checks them against a float64 LayerNorm (relative L2 error).",
+    )
+    parser.add_argument("--hidden", type=int, default=4096, help="hidden size (default: 4096)")
+    parser.add_argument("--rows", type=int, default=64, help="rows (default: 64)")
+    parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bf16",
+                        help="element type (default: bf16)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu runs Triton's interpreter (TRITON_INTERPRET=1; default: cuda)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    # --help exits here, before the imports below; the interpreter must be chosen before
+    # triton.jit decorates the kernel.
+    ARGS = parse_args()
+    if ARGS.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402 - after the command line, so --help needs neither
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 __all__ = ["layer_norm", "launch_config"]
 
@@ -134,3 +167,26 @@ def layer_norm(
     if return_stats:
         return y, mean, rstd
     return y
+
+
+def check(args: argparse.Namespace) -> int:
+    """Normalize random rows on ``args.device``, compare with float64; 0 if within tolerance."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.rows, args.hidden, generator=gen).to(args.device, dtype)
+    w = (1 + 0.1 * torch.randn(args.hidden, generator=gen)).to(args.device, dtype)
+    b = (0.1 * torch.randn(args.hidden, generator=gen)).to(args.device, dtype)
+    y = layer_norm(x, w, b, 1e-5)
+    ref = torch.nn.functional.layer_norm(
+        x.double(), (args.hidden,), w.double(), b.double(), 1e-5)
+    err = float((y.double() - ref).norm() / ref.norm())
+    block, num_warps = launch_config(args.hidden, x.element_size())
+    ok = err <= TOLERANCE[args.dtype]
+    print(f"{args.dtype} hidden {args.hidden} rows {args.rows} on {args.device}: BLOCK_SIZE "
+          f"{block}, num_warps {num_warps}, relative L2 error {err:.2e} "
+          f"({'ok' if ok else 'over'} {TOLERANCE[args.dtype]:.0e})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(check(ARGS))

@@ -1,4 +1,4 @@
-"""Evaluators that crash, hang or fault on purpose, for the tests of autonorm.isolation.
+"""Evaluators that crash, hang or fault on purpose, for the tests of autonorm.tune.isolation.
 
 Importable by the spawned worker process (pytest puts ``tests/`` on ``sys.path`` and
 multiprocessing's spawn passes ``sys.path`` on), so the factories here can build them there.

@@ -17,7 +17,8 @@ from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.results import Outcome, Timing
 from autonorm.runtime.limits import H200
-from autonorm.tune.tuner import TuneSettings, open_storage, tune
+from autonorm.tune.search import TuneSettings, tune
+from autonorm.tune.storage import open_storage
 
 # Bytes a 1024-row bfloat16 LayerNorm of hidden 4096 moves (x read + y written), for GB/s.
 BYTES_MOVED = 2 * 1024 * 4096 * 2
@@ -61,7 +62,7 @@ def make_timing(median_us: float, cv: float = 0.005) -> Timing:
 
 
 class FakeEvaluator:
-    """Implements the Evaluator protocol without a GPU.
+    """Implements the search's Evaluator protocol without a GPU.
 
     Args:
         fail: maps a config to a failure class ('compile', 'launch', 'verification') or None.
@@ -108,6 +109,14 @@ class FakeEvaluator:
     def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Timing]:
         self.retimed.append((list(configs), rounds))
         return [make_timing(*self.retime_fn(config)) for config in configs]
+
+
+def fake_evaluator_factory(problem: Problem, rows: int) -> FakeEvaluator:  # noqa: ARG001
+    """Build a fake evaluator the way :func:`autonorm.tune.session.tune_and_store` asks.
+
+    Module level, so worker processes can unpickle it.
+    """
+    return FakeEvaluator()
 
 
 def log_line(path: Path, record: dict) -> None:

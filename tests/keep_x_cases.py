@@ -13,7 +13,7 @@ from autonorm.ops.layer_norm.config import KernelConfig
 FWD_KEEP_CASES = [
     (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),  # via registers
     (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),  # via registers
-    # filled by 16-byte cp.async.cg (codegen.fills_async): the fp16 4096 rows-4096 winner
+    # filled by 16-byte cp.async.cg (plan.fills_async): the fp16 4096 rows-4096 winner
     (KernelConfig(256, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 4096, "float16"),
     (KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64), 768, "bfloat16"),
     (KernelConfig(256, 2, 2, "registers", "two_pass", 1, 0), 4096, "float32"),  # 8-byte loads

@@ -1,23 +1,75 @@
-"""The benchmark scripts' own no-GPU self-tests, run so that CI catches a broken script."""
+"""The benchmark tools' no-GPU behaviour: every --help, and peers.py's self-test.
+
+CI has no GPU, CuPy, Triton or CUDA PyTorch; these run the tools the way a newcomer's first
+command would, so a broken import or argument parser shows here.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+BASH = shutil.which("bash") or "/bin/bash"
+
+SCRIPTS = ("peers.py", "explore.py", "launch_overhead.py", "offset_errors.py",
+           "triton_tutorial_ln.py")
+
+# Runs a script's --help with the GPU stack unimportable: --help must need none of it.
+HELP_WITHOUT_GPU_STACK = """
+import runpy, sys
+for name in ("cupy", "triton", "torch"):
+    sys.modules[name] = None
+script = sys.argv[1]
+sys.argv = [script, "--help"]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_describes_the_tool_without_the_gpu_stack(script):
+    run = _run(sys.executable, "-c", HELP_WITHOUT_GPU_STACK, str(BENCHMARKS / script))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    usage, _, rest = run.stdout.partition("\n\n")
+    assert usage.startswith(f"usage: {script}"), run.stdout[:500]
+    description = rest.partition("\n\n")[0]
+    assert len(description.split()) >= 8, f"--help of {script} says too little: {description!r}"
+    assert "--help" in run.stdout
+
+
+def test_gpu_checks_help_lists_every_suite():
+    run = _run(BASH, str(BENCHMARKS / "gpu_checks.sh"), "--help")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("usage: bash benchmarks/gpu_checks.sh")
+    for suite in ("tests", "tune", "grid", "buckets", "ship", "search", "peers", "ncu"):
+        assert f"\n  {suite} " in run.stdout, suite
+
+
+def test_gpu_checks_refuses_an_unknown_suite_before_doing_anything(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    run = subprocess.run([BASH, str(BENCHMARKS / "gpu_checks.sh"), "no-such-suite"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert run.returncode == 2
+    assert "unknown suite: no-such-suite" in run.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_peers_selftest_renders_both_flushes(tmp_path):
     # peers.py --selftest runs its parsing, shares, tables and JSON on synthetic numbers (no GPU)
     # and asserts on them itself; here it must finish and leave a JSON with both flushes' shares.
-    run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "peers.py"), "--selftest", "--plain",
-         "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )
+    run = _run(sys.executable, str(BENCHMARKS / "peers.py"), "--selftest", "--plain",
+               "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "selftest ok" in run.stdout
     data = json.loads((tmp_path / "peers.json").read_text())

@@ -15,19 +15,21 @@ from optuna.trial import FixedTrial, TrialState
 
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan
 from autonorm.dtypes import DTYPES
-from autonorm.ops.layer_norm.codegen import fills_async, render
+from autonorm.ops.layer_norm.codegen import render
 from autonorm.ops.layer_norm.config import STAGES, KernelConfig
+from autonorm.ops.layer_norm.family import FAMILY
+from autonorm.ops.layer_norm.occupancy import BULK_MAX_WEIGHT_ITERS
 from autonorm.ops.layer_norm.plan import (
-    BULK_MAX_WEIGHT_ITERS,
     bulk_occupancy,
-    bulk_scratch_bytes,
-    derive_shape,
+    fills_async,
     holds_fp32_tile,
     min_blocks_per_sm,
     smem_bytes,
 )
 from autonorm.ops.layer_norm.problem import Problem
-from autonorm.ops.layer_norm.rules import BULK_MAX_ITERS, check
+from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.layer_norm.rules_bulk import BULK_MAX_ITERS
+from autonorm.ops.layer_norm.shape import bulk_scratch_bytes, derive_shape
 from autonorm.ops.layer_norm.space import (
     MAX_BULK_SEEDS,
     bulk_seed_configs,
@@ -36,8 +38,9 @@ from autonorm.ops.layer_norm.space import (
 )
 from autonorm.runtime.limits import H200, DeviceLimits
 from autonorm.runtime.offline import compile_offline, nvcc_path
-from autonorm.tune import tuner
-from autonorm.tune.tuner import TuneSettings, open_storage, suggest_config, tune
+from autonorm.tune.search import TuneSettings, tune
+from autonorm.tune.storage import open_storage
+from autonorm.tune.trials import has_all_params
 
 BF16_4096 = Problem(4096, "bfloat16")
 # A valid bulk configuration for bf16 4096: 256 threads, 16-byte vectors, 2 tiles in flight.
@@ -218,7 +221,7 @@ def test_weights_in_registers_for_large_clustered_rows():
 def test_weights_in_registers_decided_at_the_blocks_reached():
     # 32 KB segments x 2 stages at 256 threads: shared memory would allow 3 blocks, the kernel's
     # own registers 2; at 2 blocks weight and bias fit in registers too, so they are held there
-    # (deciding at 3 left them in L1: x0.984 on the H200, NOTES.md 77).
+    # (deciding at 3 left them in L1: x0.984 on the H200; docs/registers.md).
     problem = Problem(32768, "bfloat16")
     cfg = KernelConfig(256, 8, 1, "bulk", "two_pass", 2, 0, 2)
     assert check(cfg, problem) == []
@@ -324,7 +327,7 @@ def test_bulk_seed_configs(dtype, hidden):
     assert all(check(c, problem) == [] for c in all_seeds)
 
 
-def test_bulk_seeds_exist_where_the_lab_found_winners():
+def test_bulk_seeds_exist_where_sweeps_found_winners():
     for problem in (Problem(65536, "bfloat16"), Problem(32768, "float32"),
                     Problem(65536, "float32"), BF16_4096):
         seeds = bulk_seed_configs(problem)
@@ -332,13 +335,14 @@ def test_bulk_seeds_exist_where_the_lab_found_winners():
         assert {c.stages for c in seeds} <= {2, 3}
     assert any(c.cluster == 2 for c in bulk_seed_configs(Problem(65536, "bfloat16")))
     assert any(c.cluster == 4 for c in bulk_seed_configs(Problem(65536, "float32")))
-    # Rows of 16-32 KB: the row-a-tile winners settled head to head (NOTES.md 112, 124).
+    # Rows of 16-32 KB: the row-a-tile winners settled head to head (docs/bulk-kernel.md).
     for problem, label in ((Problem(4096, "float32"), "t128v4r1-bulk-two_pass-c1-p0-s4-k"),
                            (Problem(8192, "float32"), "t256v4r1-bulk-two_pass-c1-p0-s3-k"),
                            (Problem(8192, "bfloat16"), "t128v8r1-bulk-two_pass-c1-p0-s4-k"),
                            (Problem(16384, "float16"), "t256v8r1-bulk-two_pass-c1-p0-s3-k")):
         assert label in [c.label() for c in bulk_seed_configs(problem)], problem
-    # Two 256-thread blocks an SM with a finer cluster (NOTES.md 77's winners) are seeded.
+    # Two 256-thread blocks an SM with a finer cluster (the winners at bf16 65536 and fp32
+    # 32768) are seeded.
     for problem, cluster in ((Problem(65536, "bfloat16"), 4), (Problem(32768, "float32"), 4),
                              (Problem(32768, "bfloat16"), 2)):
         seeds = bulk_seed_configs(problem)
@@ -356,7 +360,7 @@ RENDER_CASES = [
     (KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2), Problem(65536, "bfloat16")),
     (KernelConfig(512, 4, 1, "bulk", "two_pass", 4, 0, 3), Problem(65536, "float32")),
     (KernelConfig(128, 8, 1, "bulk", "two_pass", 8, 0, 4), Problem(16384, "bfloat16")),
-    # a 16-element tile held as fp32 (lab 17)
+    # a 16-element tile held as fp32
     (KernelConfig(1024, 8, 2, "bulk", "two_pass", 1, 0, 2), Problem(8192, "bfloat16")),
 ]
 
@@ -405,8 +409,8 @@ def test_render_bulk(cfg, problem):
 
 
 def test_fp32_tile_only_for_short_16bit_tiles():
-    # Lab 17 (H200): 16-element tiles at t1024 x1.02-1.05; 32-element tiles at 64 registers
-    # spilled 48-56 bytes, and with registers of their own ran x0.91-1.01 (NOTES.md 25); fp32
+    # H200: 16-element tiles at t1024 x1.02-1.05; 32-element tiles at 64 registers spilled
+    # 48-56 bytes, and with registers of their own ran x0.91-1.01 (docs/bulk-kernel.md); fp32
     # tiles need no conversion.
     bf16 = Problem(16384, "bfloat16")
     t1024 = KernelConfig(1024, 8, 1, "bulk", "two_pass", 1, 0, 2)  # 2 vectors per thread
@@ -456,19 +460,19 @@ BULK_PARAMS = {"threads": 512, "vec": 8, "rows_per_block": 1, "cache": "bulk", "
 
 def test_suggest_config_asks_stages_only_for_bulk():
     trial = FixedTrial(BULK_PARAMS)  # no stats, no blocks_per_sm: they are not asked
-    cfg = suggest_config(trial)
+    cfg = FAMILY.suggest(trial)
     assert cfg == KernelConfig(512, 8, 1, "bulk", "two_pass", 2, 0, 2, keep_x=True)
     assert trial.params == BULK_PARAMS
     assert KernelConfig.from_dict(trial.params) == cfg
     other = {"threads": 256, "vec": 8, "rows_per_block": 1, "cache": "smem", "cluster": 1,
              "keep_x": True, "stats": "two_pass", "blocks_per_sm": 2, "max_regs": 64}
     trial = FixedTrial(other)  # no stages
-    cfg = suggest_config(trial)
+    cfg = FAMILY.suggest(trial)
     assert cfg == KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2, 0, 64, keep_x=True)
     assert trial.params == other and KernelConfig.from_dict(trial.params) == cfg
     # A bulk trial never reads stats, blocks_per_sm or max_regs, even when they are given.
     trial = FixedTrial({**BULK_PARAMS, "stats": "welford", "blocks_per_sm": 4, "max_regs": 64})
-    cfg = suggest_config(trial)
+    cfg = FAMILY.suggest(trial)
     assert cfg.stats == "two_pass" and cfg.max_regs == 0
     assert not {"stats", "blocks_per_sm", "max_regs"} & set(trial.params)
 
@@ -502,7 +506,7 @@ def test_a_study_reaches_bulk_configs(tmp_path):
     assert len(bulk_trials) >= len(bulk_seeds)
     for trial in bulk_trials:
         assert set(trial.params) == set(BULK_PARAMS)  # stats and blocks_per_sm not asked
-        assert tuner._has_all_params(trial)
+        assert has_all_params(trial, FAMILY)
         cfg = KernelConfig.from_dict(trial.params)
         assert cfg.stats == "two_pass" and cfg.blocks_per_sm == 0 and cfg.stages >= 1
         if trial.state == TrialState.COMPLETE and trial.user_attrs.get("role") == "evaluate":
@@ -515,7 +519,7 @@ def test_a_study_reaches_bulk_configs(tmp_path):
         params={k: v for k, v in first.params.items() if k != "stages"},
         distributions={k: v for k, v in first.distributions.items() if k != "stages"},
     )
-    assert not tuner._has_all_params(partial)
+    assert not has_all_params(partial, FAMILY)
 
 
 def test_keep_x_is_a_variant_with_its_own_label_and_render():
@@ -540,7 +544,8 @@ def test_keep_x_is_a_variant_with_its_own_label_and_render():
 
 
 def test_keep_x_is_refused_to_clustered_fwd_kernels():
-    # call s25d: clustered smem kernels with the hint raised an illegal instruction on the H200
+    # Clustered smem kernels with the hint raised an illegal instruction on the H200
+    # (docs/l2-hints.md).
     problem = Problem(4096, "bfloat16")
     for cache in ("registers", "smem", "none"):
         plain = KernelConfig(64, 8, 1, cache, "two_pass" if cache != "none" else "welford", 2)
@@ -552,7 +557,7 @@ def test_keep_x_is_refused_to_clustered_fwd_kernels():
 
 
 @pytest.mark.parametrize("label,hidden", [
-    # call s26e: each of these faulted with the hint and verified without it (H200)
+    # Each of these faulted with the hint and verified without it (H200, docs/l2-hints.md)
     ("t128v2r1-smem-two_pass-c1-p0-k", 4096),    # 8-byte cp.async.ca, the tuner's find
     ("t128v1r1-smem-two_pass-c1-p0-k", 4096),    # 4-byte
     ("t128v4r1-smem-two_pass-c1-p0-k", 4096),    # 16-byte cp.async.cg
@@ -576,7 +581,7 @@ def test_keep_x_stays_where_the_hinted_loads_verified():
                           ("t512v2r1-smem-two_pass-c1-p0-k", 4096)):  # 4 vectors: plain fill
         cfg, problem = KernelConfig.from_label(label), Problem(hidden, "float32")
         assert not fills_async(cfg, problem) and check(cfg, problem) == []
-    # 16-bit hinted cp.async fills verified in calls s25e-s26e (bf16 4096 t64v8r1, t128v4r1)
+    # 16-bit hinted cp.async fills verified on the H200 (bf16 4096 t64v8r1, t128v4r1)
     for label in ("t64v8r1-smem-two_pass-c1-p0-k", "t128v4r1-smem-two_pass-c1-p0-k"):
         cfg, problem = KernelConfig.from_label(label), Problem(4096, "bfloat16")
         assert fills_async(cfg, problem) and check(cfg, problem) == []

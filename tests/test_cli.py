@@ -12,10 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from autonorm import cli
+from autonorm.codegen.environment import kernel_digest
 from autonorm.ops import layer_norm as codegen
 from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.space import default_config
+from autonorm.runtime.limits import H200
 from autonorm.store.db import TuningDB, TuningKey
 
 COMMANDS = ["tune", "show", "export", "render"]
@@ -43,6 +46,19 @@ def _no_gpu(monkeypatch):
 
 def _lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+H200_FINGERPRINT = "NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000"
+
+
+def _store_winner(path: Path, problem: Problem, config: KernelConfig, rows_bucket: int,
+                  metrics: dict) -> TuningKey:
+    """Store ``config`` as an H200 winner, with the digest of the kernel it renders."""
+    key = TuningKey.for_problem(H200_FINGERPRINT, problem, rows_bucket)
+    kernel = kernel_digest(FAMILY.render(config, problem, H200).source)
+    with TuningDB(path) as store:
+        store.set_winner(key, config.to_dict(), metrics, kernel)
+    return key
 
 
 def test_module_entry_point_help():
@@ -165,15 +181,9 @@ def test_show_prints_whole_rows_when_piped(runner, tmp_path):
     """Piped output (CliRunner is not a terminal) keeps each config label whole, one row a line."""
     configs = [KernelConfig(256, 8, 2, "registers", "two_pass", 1, 0),
                KernelConfig(512, 8, 1, "bulk", "two_pass", 4, 0, stages=2)]
-    with TuningDB(tmp_path / "user.db") as store:
-        for hidden, config in zip((4096, 65536), configs, strict=True):
-            key = TuningKey(
-                device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
-                version=codegen.code_version(), dtype="bfloat16", hidden=hidden,
-                has_weight=True, has_bias=True, rows_bucket=1024,
-            )
-            store.set_winner(key, config.to_dict(), {"median_us": 70.5, "gbps": 3811.0,
-                                                      "share": 0.91})
+    for hidden, config in zip((4096, 65536), configs, strict=True):
+        _store_winner(tmp_path / "user.db", Problem(hidden, "bfloat16"), config, 1024,
+                      {"median_us": 70.5, "gbps": 3811.0, "share": 0.91})
     result = runner.invoke(cli.main, ["show", "--all-devices"])
     assert result.exit_code == 0, result.output
     for hidden, config in zip((4096, 65536), configs, strict=True):
@@ -192,18 +202,10 @@ def test_tune_summary_says_its_failures_in_words():
 
 
 def test_show_all_devices_json(runner, tmp_path):
-    key = TuningKey(
-        device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
-        version=codegen.code_version(),
-        dtype="bfloat16",
-        hidden=4096,
-        has_weight=True,
-        has_bias=False,
-        rows_bucket=16384,
-    )
-    config = KernelConfig(256, 8, 2, "registers", "two_pass", 1, 0).to_dict()
-    with TuningDB(tmp_path / "user.db") as store:
-        store.set_winner(key, config, {"median_us": 12.5, "gbps": 4000.0, "share": 0.9})
+    config = KernelConfig(256, 8, 2, "registers", "two_pass", 1, 0)
+    key = _store_winner(tmp_path / "user.db", Problem(4096, "bfloat16", True, False),
+                        config, 16384, {"median_us": 12.5, "gbps": 4000.0, "share": 0.9})
+    config = config.to_dict()
     result = runner.invoke(cli.main, ["show", "--all-devices", "--json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -219,6 +221,10 @@ def test_show_all_devices_json(runner, tmp_path):
     )
     assert row["config"] == config
     assert row["metrics"]["median_us"] == 12.5
+    assert row["op"] == "layer_norm"
+    assert row["kernel"] == kernel_digest(
+        FAMILY.render(FAMILY.config_from_dict(config), Problem(4096, "bfloat16", True, False),
+                      H200).source)
 
 
 def test_export_default_config(runner, tmp_path):
@@ -242,15 +248,9 @@ def test_export_default_config(runner, tmp_path):
 
 
 def test_export_of_a_bulk_winner_names_its_workspace_launcher(runner, tmp_path):
-    key = TuningKey(
-        device="NVIDIA H200|sm90|132sm|l2=62914560|bus=6016|memclk=3201000",
-        version=codegen.code_version(), dtype="bfloat16", hidden=65536, has_weight=True,
-        has_bias=True, rows_bucket=1024,
-    )
     config = KernelConfig.from_label("t512v8r1-bulk-two_pass-c2-p0-s3")
-    with TuningDB(tmp_path / "user.db") as store:
-        store.set_winner(key, config.to_dict(), {"median_us": 73.5, "gbps": 3650.0,
-                                                 "share": 0.88})
+    _store_winner(tmp_path / "user.db", Problem(65536, "bfloat16"), config, 1024,
+                  {"median_us": 73.5, "gbps": 3650.0, "share": 0.88})
     out = tmp_path / "out"
     result = runner.invoke(cli.main, ["export", "--hidden", "65536", "--dtype", "bf16",
                                       "-o", str(out)])
@@ -260,8 +260,8 @@ def test_export_of_a_bulk_winner_names_its_workspace_launcher(runner, tmp_path):
 
 
 def _study_log(quiet: bool) -> str:
-    # A fresh interpreter: Optuna resets its logger to INFO on first import, which is what the
-    # CLI must undo (the H200 cold-start log showed "A new study created" before this).
+    # A fresh interpreter: Optuna sets its logger to INFO on first import, which the CLI must
+    # undo, or "A new study created" lines reach the user's terminal.
     code = ("from autonorm import cli\n" + ("cli._quiet_optuna()\n" if quiet else "")
             + "import optuna\noptuna.create_study()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -274,28 +274,77 @@ def test_tune_keeps_optunas_info_lines_out_of_the_output():
     assert "A new study created" not in _study_log(quiet=True)
 
 
-def test_a_tune_worker_passes_the_seeds_for_its_rows(monkeypatch):
-    # `--workers N` runs the study in N processes and the parent's call after them finds it
-    # started, so only worker 0 can enqueue the seeds; before session 24 no worker passed them
-    # and a multi-worker search began without its starting points.
-    from autonorm.ops.layer_norm.space import seed_configs
-    from autonorm.runtime.limits import H200
-    from autonorm.tune import tuner
+def test_tune_stores_the_winner_and_says_so(runner, tmp_path, monkeypatch):
+    """`autonorm tune` end to end on the CPU: a fake H200 and the fake evaluator."""
+    from fake_evaluator import FakeEvaluator, fake_median_us
 
-    class _Closable:
-        pool = None
+    import autonorm.runtime.device
+    from autonorm.runtime.device import DeviceInfo
+    from autonorm.tune import session
 
-        def close(self) -> None:
-            pass
+    device = DeviceInfo(name="NVIDIA H200", cc=90, sm_count=132, l2_bytes=62914560,
+                        smem_optin=232448, mem_bus_bits=6016, mem_clock_khz=3201000)
+    assert device.fingerprint == H200_FINGERPRINT
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: device)
+    evaluator = FakeEvaluator()
+    monkeypatch.setattr(session, "_build_evaluator", lambda *args: evaluator)
+    result = runner.invoke(cli.main, ["tune", "--hidden", "4096", "--trials", "6",
+                                      "--rows", "1000"])
+    assert result.exit_code == 0, result.output
+    best = min(evaluator.calls, key=fake_median_us)
+    assert "study nvidia-h200-" in result.stderr and "layer-norm_bfloat16_h4096" in result.stderr
+    assert f"winner: {best.label()}" in result.stdout
+    assert "6 candidates measured" in result.stdout
+    assert str(tmp_path / "user.db") in result.stdout
+    problem = Problem(4096, "bfloat16")
+    with TuningDB(tmp_path / "user.db") as store:
+        winner = store.get_winner(TuningKey.for_problem(H200_FINGERPRINT, problem, 1024))
+    assert winner.config == best.to_dict()
+    assert winner.kernel == kernel_digest(FAMILY.render(best, problem, H200).source)
 
-    seen = {}
-    monkeypatch.setattr(cli, "_tuning_parts",
-                        lambda problem, rows, quiet=False: (None, _Closable(), H200, None,
-                                                            _Closable()))
-    monkeypatch.setattr(tuner, "tune", lambda *a, **kw: seen.update(kw))
-    problem = Problem(16384, "float32")
-    spec = {"problem": problem.__dict__, "rows": 1, "storage": "x.journal", "study": "s",
-            "settings": {"n_trials": 4, "timeout_s": 1.0, "seed": 0}}
-    cli._tune_worker(0, spec)
-    assert seen["seeds"] == seed_configs(problem, H200, 1) and seen["worker_index"] == 0
-    assert any(c.cluster == 8 for c in seen["seeds"])  # rows 1: the latency seeds too
+
+def test_an_unknown_op_is_refused(runner):
+    for command in (["tune"], ["export", "-o", "x"], ["render"]):
+        result = runner.invoke(cli.main, [*command, "--op", "no_such_op", "--hidden", "64"])
+        assert result.exit_code == 2
+        assert "'no_such_op' is not a known op (layer_norm" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_render_takes_a_config_as_json(runner):
+    by_options = runner.invoke(cli.main, ["render", "--hidden", "1000", "--dtype", "fp32",
+                                          "--cache", "smem", "--threads", "128"])
+    by_json = runner.invoke(cli.main, ["render", "--hidden", "1000", "--dtype", "fp32",
+                                       "--config", '{"cache": "smem", "threads": 128}'])
+    assert by_options.exit_code == 0 and by_json.exit_code == 0, by_json.output
+    assert by_json.output == by_options.output and "__global__" in by_json.output
+    for bad, why in (('{"colour": 1}', "has no field colour"), ("[1]", "JSON object"),
+                     ("{", "not JSON")):
+        result = runner.invoke(cli.main, ["render", "--hidden", "1000", "--config", bad])
+        assert result.exit_code == 2 and why in result.output, result.output
+
+
+class _StubFamily:
+    """A family of another op, as far as the CLI's problem options reach."""
+
+    op = "stub_op"
+
+    def problem(self, hidden: int, dtype: str) -> Problem:
+        return Problem(hidden, dtype)
+
+
+def test_layer_norm_options_belong_to_layer_norm(runner, monkeypatch):
+    from autonorm.ops import registry
+
+    registry.register(_StubFamily())
+    try:
+        result = runner.invoke(cli.main, ["render", "--op", "stub_op", "--hidden", "64",
+                                          "--threads", "128"])
+        assert result.exit_code == 2
+        assert "--threads is a layer_norm field; give the fields of stub_op with --config" in (
+            result.output)
+        result = runner.invoke(cli.main, ["render", "--op", "stub_op", "--hidden", "64",
+                                          "--no-weight"])
+        assert result.exit_code == 2 and "op stub_op takes no --no-weight" in result.output
+    finally:
+        registry.unregister("stub_op")

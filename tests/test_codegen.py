@@ -1,4 +1,4 @@
-"""Tests of kernel rendering (autonorm.codegen): pure, deterministic, CPU only."""
+"""Tests of LayerNorm kernel rendering (autonorm.ops.layer_norm.codegen): pure and deterministic."""
 
 from __future__ import annotations
 
@@ -12,24 +12,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
+import jinja2.meta
 import numpy as np
 import pytest
 
 import autonorm
+from autonorm.codegen.environment import SHARED_TEMPLATES
 from autonorm.codegen.kernel import LaunchPlan
 from autonorm.dtypes import DTYPES
 from autonorm.errors import ConfigError
 from autonorm.numerics import to_float64
 from autonorm.ops.layer_norm.codegen import (
+    BULK_TEMPLATE,
+    KERNEL_TEMPLATES,
+    TEMPLATE,
+    TEMPLATE_DIR,
     code_version,
-    fills_async,
     kernel_name,
     render,
+    template_environment,
     templates_hash,
 )
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import (
     bulk_occupancy,
+    fills_async,
     fuses_passes,
     holds_fp32_row,
     min_blocks_per_sm,
@@ -229,15 +237,15 @@ def test_stable_variants_shift_each_row(cache, stats):
         k = render(KernelConfig(threads=256, vec=vec, cache=cache, stats=stats), problem)
         assert "const float shift = to_f(x[row_base]);" in k.source
         if stats == "welford":
-            # the thread's shift starts at the row's and, in fp32, follows its running mean
-            # (NOTES.md 22); 16-bit rows keep it (the rebase cost bf16 x0.94, NOTES.md 23)
+            # the thread's shift starts at the row's and, in fp32, follows its running mean;
+            # 16-bit rows keep it (the rebase cost bf16 x0.94; docs/accuracy.md)
             assert "float wn = 0.f, ws = shift," in k.source
             assert ("rebase(ws, wm);" in k.source) == (dtype == "float32")
             assert "xf - ws" in k.source
         elif dtype == "float32":
             assert "xf - shift" in k.source
-        else:  # 16-bit: each vector summed, then shifted once (NOTES.md 28), fused with the
-            # squares of x - shift (codegen.fuses_passes, NOTES.md 80)
+        else:  # 16-bit: each vector summed, then shifted once, fused with the squares of
+            # x - shift (plan.fuses_passes; docs/accuracy.md)
             assert "- (float)V * shift;" in k.source
             assert "s2 = fmaf(d, d, s2);" in k.source
             assert "if (s1 * mean > 0.9375f * s2)" in k.source
@@ -304,37 +312,59 @@ def test_code_version():
     assert f"rendered by autonorm {version}" in k.source
 
 
-def test_templates_hash_covers_the_kernel_templates():
-    from autonorm import settings as config
-    from autonorm.ops.layer_norm.codegen import KERNEL_TEMPLATES
+def _template_file(name: str) -> Path:
+    """Where the family's environment finds ``name``: its own folder first, then the shared one."""
+    for folder in (TEMPLATE_DIR, SHARED_TEMPLATES):
+        if (folder / name).is_file():
+            return folder / name
+    raise AssertionError(f"template {name} is in neither {TEMPLATE_DIR} nor {SHARED_TEMPLATES}")
 
+
+def _referenced_templates(name: str) -> set[str]:
+    """The templates ``name`` imports or includes, read from its Jinja syntax tree."""
+    env = template_environment()
+    tree = env.parse(_template_file(name).read_text())
+    found = set(jinja2.meta.find_referenced_templates(tree))
+    assert None not in found, f"{name} imports a template by a computed name"
+    return found
+
+
+def test_templates_hash_covers_the_kernel_templates():
     names = sorted(KERNEL_TEMPLATES)
-    assert "layernorm_fwd.cu.j2" in names and "reduce.cuh.j2" in names
-    # Host-side export templates are not part of the tuned kernel's identity.
+    assert {TEMPLATE, BULK_TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2"} <= set(names)
+    # Host-side export templates are not part of a kernel's device code.
     assert not any(n.startswith("export") for n in names)
+    # Each kernel template lives beside the family, the device code they share in the shared
+    # folder; the hash reads the file the environment renders from.
+    assert _template_file(TEMPLATE).parent == TEMPLATE_DIR
+    assert _template_file("reduce.cuh.j2").parent == SHARED_TEMPLATES
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode())
-        digest.update((config.templates_dir() / name).read_bytes())
+        digest.update(_template_file(name).read_bytes())
     assert templates_hash() == digest.hexdigest()[:12]
 
 
 def test_templates_hash_covers_every_template_a_kernel_imports():
     # A kernel template's imports shape its code: an import left out of the hash would let a
-    # changed kernel match winners measured on the old one.
-    from autonorm import settings as config
-    from autonorm.ops.layer_norm.codegen import KERNEL_TEMPLATES
-
-    for name in KERNEL_TEMPLATES:
-        text = (config.templates_dir() / name).read_text()
-        for used in re.findall(r'{%-?\s*(?:import|include|from)\s+"([^"]+)"', text):
-            assert used in KERNEL_TEMPLATES, f"{name} imports {used}, not hashed"
+    # changed kernel keep the studies measured on the old one.
+    seen: set[str] = set()
+    todo = [TEMPLATE, BULK_TEMPLATE]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in KERNEL_TEMPLATES, f"a kernel imports {name}, which is not hashed"
+        todo.extend(_referenced_templates(name))
+    assert seen == set(KERNEL_TEMPLATES)  # and nothing is hashed that no kernel renders from
+    assert "reduce.cuh.j2" in _referenced_templates(TEMPLATE)
 
 
 @pytest.mark.parametrize("bulk", [False, True])
 def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
     # 16-bit stores convert two values per instruction and normalize with one fma on x - shift;
-    # fp32 keeps ((x - shift) - mean) * rstd (offset rows, 1e-7). NOTES.md, item 14.
+    # fp32 keeps ((x - shift) - mean) * rstd (offset rows, 1e-7; docs/accuracy.md).
     cache = dict(cache="bulk", stages=2) if bulk else dict(cache="smem")
     for dtype, pair in (("bfloat16", "__floats2bfloat162_rn"), ("float16", "__floats2half2_rn"),
                         ("float32", None)):
@@ -356,7 +386,8 @@ def test_16bit_outputs_convert_in_pairs_and_fold_the_mean(bulk):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_bulk_y_stores_stream_only_from_clusters(dtype):
     # Evict-first y stores pay in clustered bulk kernels (c4/c8 ran x0.55-0.97 with plain ones)
-    # and cost unclustered ones 0.3-3.5% (H200, NOTES.md 106); the fwd kernel stores plainly.
+    # and cost unclustered ones 0.3-3.5% (H200, docs/bulk-kernel.md); the fwd kernel stores
+    # plainly.
     problem = Problem(16384, dtype)
     vec = 16 // problem.itemsize
 
@@ -532,7 +563,7 @@ def test_named_barrier_ids_fit_the_hardware():
 
 def test_bf16_vectors_widen_in_pairs():
     # A bf16 pair shares a 32-bit word: the low element widens with a shift, the high one with a
-    # mask (one instruction each; extracting then shifting took two, NOTES.md 23). x, weight and
+    # mask (one instruction each; extracting then shifting took two in the SASS). x, weight and
     # bias all go through elem(); fp16 and fp32 convert element by element as before.
     cfg = KernelConfig(128, 8, 4, "registers", "two_pass")
     bulk = KernelConfig(256, 8, 1, "bulk", "two_pass", 1, 0, 2)

@@ -1,4 +1,5 @@
-"""CPU tests of autonorm.dispatch: choose_config lookup order, and layer_norm on NumPy.
+"""CPU tests of autonorm.dispatch (the lookup order of choose_config) and of autonorm.api's
+layer_norm on NumPy.
 
 Only the device query is faked (an H200); the user and shipped databases are real SQLite files.
 """
@@ -8,20 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autonorm import dispatch
+from autonorm import api, dispatch, lookup
 from autonorm.errors import (
     DeviceMismatchError,
     InputError,
     ShapeError,
     UnsupportedDtypeError,
 )
-from autonorm.ops import layer_norm as codegen
-from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
 from autonorm.ops.layer_norm.space import default_config
-import autonorm.runtime.device
 from autonorm.runtime.device import DeviceInfo
 from autonorm.store.db import TuningDB, TuningKey
 
@@ -61,21 +59,20 @@ def dbs(tmp_path, monkeypatch):
     return user, shipped
 
 
-def _key(bucket: int = ROWS) -> TuningKey:
-    return TuningKey(
-        device=H200.fingerprint,
-        version=codegen.code_version(),
-        dtype=PROBLEM.dtype,
-        hidden=PROBLEM.hidden,
-        has_weight=PROBLEM.has_weight,
-        has_bias=PROBLEM.has_bias,
-        rows_bucket=rows_bucket(bucket),
-    )
+def _key(bucket: int = ROWS, problem: Problem = PROBLEM) -> TuningKey:
+    return TuningKey.for_problem(H200.fingerprint, problem, bucket)
 
 
-def _put(path, config: KernelConfig, bucket: int = ROWS) -> None:
+def _kernel(config: KernelConfig, problem: Problem = PROBLEM) -> str:
+    """The digest a tuner records for ``config`` (a placeholder for configs that cannot run)."""
+    if check(config, problem, H200.limits()):
+        return "0" * 64
+    return lookup.kernel_of(config, problem, H200.limits())
+
+
+def _put(path, config: KernelConfig, bucket: int = ROWS, kernel: str | None = None) -> None:
     with TuningDB(path) as store:
-        store.set_winner(_key(bucket), config.to_dict(), METRICS)
+        store.set_winner(_key(bucket), config.to_dict(), METRICS, kernel or _kernel(config))
 
 
 def test_configs_are_distinct_and_valid():
@@ -154,10 +151,56 @@ def test_no_keep_x_launches_the_winner_without_its_hint(dbs, monkeypatch, value)
 
 def test_other_problem_winner_is_not_used(dbs):
     user, _ = dbs
-    other = TuningKey(H200.fingerprint, codegen.code_version(), "float16", 2048, True, True, ROWS)
+    other = Problem(2048, "float16", True, True)
     with TuningDB(user) as store:
-        store.set_winner(other, A.to_dict(), METRICS)
+        store.set_winner(_key(problem=other), A.to_dict(), METRICS, _kernel(A, other))
     assert dispatch.choose_config(PROBLEM, ROWS).source == "default"
+    assert dispatch.choose_config(other, ROWS) == dispatch.Choice(A, "user")
+
+
+def test_a_winner_whose_kernel_changed_is_skipped(dbs):
+    user, shipped = dbs
+    _put(user, A, kernel="f" * 64)  # timed on a kernel that A no longer renders
+    _put(shipped, B)
+    choice = dispatch.choose_config(PROBLEM, ROWS)
+    assert (choice.source, choice.config) == ("shipped", B)
+    _put(shipped, B, kernel=_kernel(C))  # the digest of another config's kernel
+    _put(shipped, D, bucket=ROWS * 2)
+    assert dispatch.choose_config(PROBLEM, ROWS) == dispatch.Choice(D, "shipped-nearest")
+
+
+def test_a_stale_nearest_winner_gives_way_to_the_next_nearest(dbs):
+    user, _ = dbs
+    _put(user, A, bucket=ROWS * 2, kernel="f" * 64)
+    _put(user, C, bucket=ROWS // 4)
+    choice = dispatch.choose_config(PROBLEM, ROWS)
+    assert (choice.source, choice.config) == ("user-nearest", C)
+    assert choice.winner is not None and choice.winner.key == _key(ROWS // 4)
+
+
+def test_the_choice_names_its_winner(dbs):
+    _, shipped = dbs
+    _put(shipped, B)
+    choice = dispatch.choose_config(PROBLEM, ROWS)
+    assert choice.winner.key == _key() and choice.winner.source == "shipped"
+    assert choice.winner.kernel == _kernel(B)
+    assert dispatch.choose_config(PROBLEM, ROWS * 64).winner.key == _key()  # nearest
+    assert dispatch.choose_config(Problem(768), ROWS).winner is None  # default
+
+
+def test_a_stored_config_the_family_cannot_read_is_skipped(dbs):
+    user, shipped = dbs
+    with TuningDB(user) as store:
+        store.set_winner(_key(), {**A.to_dict(), "threads": "many"}, METRICS, "f" * 64)
+    _put(shipped, B)
+    assert dispatch.choose_config(PROBLEM, ROWS) == dispatch.Choice(B, "shipped")
+
+
+def test_a_broken_user_db_does_not_stop_dispatch(dbs):
+    user, shipped = dbs
+    _put(shipped, B)
+    user.mkdir()  # a directory where the user DB should be: it cannot be opened
+    assert dispatch.choose_config(PROBLEM, ROWS) == dispatch.Choice(B, "shipped")
 
 
 def test_invalid_user_winner_is_skipped(dbs):
@@ -208,7 +251,7 @@ def test_layer_norm_numpy_matches_reference(dtype, tol, affine):
     x = (rng.standard_normal((3, 5, hidden)) * 2 + 1).astype(dtype)
     w = rng.standard_normal(hidden).astype(dtype) if affine[0] else None
     b = rng.standard_normal(hidden).astype(dtype) if affine[1] else None
-    y = dispatch.layer_norm(x, w, b, eps=1e-5)
+    y = api.layer_norm(x, w, b, eps=1e-5)
     assert isinstance(y, np.ndarray)
     assert y.shape == x.shape and y.dtype == x.dtype
     np.testing.assert_allclose(y.astype(np.float64), _reference(x, w, b, 1e-5), rtol=tol, atol=tol)
@@ -216,19 +259,19 @@ def test_layer_norm_numpy_matches_reference(dtype, tol, affine):
 
 def test_layer_norm_rejects_int32():
     with pytest.raises(UnsupportedDtypeError):
-        dispatch.layer_norm(np.ones((2, 8), np.int32))
+        api.layer_norm(np.ones((2, 8), np.int32))
 
 
 def test_layer_norm_rejects_wrong_weight_size():
     x = np.ones((2, 8), np.float32)
     with pytest.raises(ShapeError):
-        dispatch.layer_norm(x, np.ones(7, np.float32), np.ones(8, np.float32))
+        api.layer_norm(x, np.ones(7, np.float32), np.ones(8, np.float32))
 
 
 @pytest.mark.parametrize("eps", [0.0, -1e-5])
 def test_layer_norm_rejects_non_positive_eps(eps):
     with pytest.raises(InputError):
-        dispatch.layer_norm(np.ones((2, 8), np.float32), eps=eps)
+        api.layer_norm(np.ones((2, 8), np.float32), eps=eps)
 
 
 def test_layer_norm_rejects_non_numpy_weight():
@@ -238,13 +281,13 @@ def test_layer_norm_rejects_non_numpy_weight():
 
     x = np.ones((2, 8), np.float32)
     with pytest.raises(DeviceMismatchError):
-        dispatch.layer_norm(x, FakeTensor())
+        api.layer_norm(x, FakeTensor())
 
 
 def test_layer_norm_zero_rows():
     x = np.empty((0, 64), np.float32)
     w = np.ones(64, np.float32)
-    y = dispatch.layer_norm(x, w, np.zeros(64, np.float32))
+    y = api.layer_norm(x, w, np.zeros(64, np.float32))
     assert isinstance(y, np.ndarray)
     assert y.shape == (0, 64) and y.dtype == np.float32
 
@@ -261,15 +304,25 @@ SHIPPED_BUCKETS = [(dtype, 16384, rows) for dtype in ("bfloat16", "float16", "fl
 @pytest.mark.parametrize(("dtype", "hidden", "rows"), SHIPPED_GRID + SHIPPED_BUCKETS)
 def test_the_repos_shipped_db_serves_the_benchmark_grid_on_an_h200(
         dtype, hidden, rows, tmp_path, monkeypatch):
-    # The shipped winners are keyed by the kernel templates' hash: a template change (even a
-    # comment) without a re-tune would leave an H200 on defaults. This catches it on the CPU.
+    # A shipped winner is used while its configuration renders the kernel that was timed: a
+    # change to a kernel's code without a re-tune would leave an H200 on defaults. This catches
+    # it on the CPU.
     import autonorm.runtime.device
-    from autonorm import settings as config
+    from autonorm import settings
 
     monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
     monkeypatch.delenv("AUTONORM_SHIPPED_DB", raising=False)
     monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
+    monkeypatch.delenv("AUTONORM_NO_KEEP_X", raising=False)
     monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: H200)
-    assert config.shipped_db_path() is not None
-    choice = dispatch.choose_config(Problem(hidden, dtype), rows)
-    assert choice.source == "shipped", (choice, codegen.code_version())
+    shipped_path = settings.shipped_db_path()
+    assert shipped_path is not None
+    problem = Problem(hidden, dtype)
+    choice = dispatch.choose_config(problem, rows)
+    assert choice.source == "shipped", choice
+    # Exactly the stored configuration of that bucket.
+    with TuningDB(shipped_path, read_only=True, immutable=True) as shipped:
+        stored = shipped.get_winner(TuningKey.for_problem(H200.fingerprint, problem, rows))
+    assert stored is not None
+    assert choice.config == KernelConfig.from_dict(stored.config)
+    assert choice.winner.key == stored.key

@@ -5,17 +5,19 @@ the in-process kernel's bit for bit."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
-from autonorm import export
+from autonorm import export, lookup
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan
 from autonorm.errors import ConfigError
 from autonorm.export import (
@@ -25,6 +27,7 @@ from autonorm.export import (
     export_kernel,
     render_export,
 )
+from autonorm.ops import registry
 from autonorm.ops.layer_norm.codegen import code_version, render
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import smem_bytes
@@ -381,18 +384,27 @@ def user_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _key(device: DeviceInfo = H200, bucket: int = 1024, **changes: object) -> TuningKey:
-    base = dict(device=device.fingerprint, version=code_version(), dtype="bfloat16",
-                hidden=16384, has_weight=True, has_bias=True, rows_bucket=bucket)
-    return TuningKey(**{**base, **changes})
+    fields = {"hidden": 16384, "dtype": "bfloat16", "has_weight": True, "has_bias": True,
+              **changes}
+    return TuningKey.for_problem(device.fingerprint, Problem(**fields), bucket)
+
+
+# The kernel digest of a winner timed on code that no longer renders its configuration's kernel.
+STALE = "0" * 64
 
 
 def _add_winner(path: Path, key: TuningKey, config: KernelConfig, median_us: float = 20.0,
-                device: DeviceInfo | None = H200) -> None:
+                device: DeviceInfo | None = H200, kernel: str | None = None) -> None:
+    if kernel is None:
+        limits = (device or H200).limits()
+        problem = registry.get(key.op).problem(**key.fields)
+        kernel = STALE if check(config, problem, limits) else lookup.kernel_of(
+            config, problem, limits)
     with TuningDB(path) as db:
         if device is not None:
             db.record_device(device)
         db.set_winner(key, config.to_dict(), {"median_us": median_us, "gbps": 3000.0,
-                                              "share": 0.9, "rows": key.rows_bucket})
+                                              "share": 0.9, "rows": key.rows_bucket}, kernel)
 
 
 def _manifest(paths: list[Path]) -> dict:
@@ -427,9 +439,9 @@ def test_export_from_db_picks_exact_bucket_or_else_the_largest(
     assert near["config"] == CLUSTER.to_dict() and near["source"] == "user-nearest"
 
 
-def test_export_from_db_matches_problem_flags_and_version(user_db: Path, tmp_path: Path) -> None:
+def test_export_from_db_matches_problem_flags_and_kernel(user_db: Path, tmp_path: Path) -> None:
     _add_winner(user_db, _key(has_bias=False), PERSISTENT)
-    _add_winner(user_db, _key(version="0.0.1+000000000000"), PERSISTENT)
+    _add_winner(user_db, _key(bucket=4096), PERSISTENT, kernel=STALE)  # larger, but stale
     _add_winner(user_db, _key(), CLUSTER)
     assert _manifest(export_from_db(16384, "bfloat16", tmp_path / "a"))["config"] == (
         CLUSTER.to_dict()
@@ -473,7 +485,7 @@ def test_export_from_db_prefers_user_then_shipped(
 
 
 def test_export_from_db_falls_back_to_default_and_says_so(user_db: Path, tmp_path: Path) -> None:
-    _add_winner(user_db, _key(version="0.0.1+000000000000"), CLUSTER)  # stale: ignored
+    _add_winner(user_db, _key(), CLUSTER, kernel=STALE)  # stale: ignored
     with pytest.warns(DefaultConfigWarning, match="nothing is tuned"):
         paths = export_from_db(16384, "bfloat16", tmp_path / "out")
     manifest = _manifest(paths)
@@ -498,6 +510,76 @@ def test_export_from_db_skips_a_winner_invalid_on_its_device(
     with pytest.warns(DefaultConfigWarning):
         manifest = _manifest(export_from_db(65536, "fp16", tmp_path / "out"))
     assert manifest["source"] == "default"
+
+
+# -- a family without export hooks ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainProblem(Problem):
+    """A LayerNorm problem of a family registered under another op, with no export hooks."""
+
+    op: ClassVar[str] = "plain_layer_norm"
+
+
+class PlainFamily:
+    """LayerNorm's family under another op, without its launcher (a family with no hooks)."""
+
+    op = PlainProblem.op
+
+    def problem(self, **fields: object) -> PlainProblem:
+        return PlainProblem(**fields)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("export_") or name == "legacy_versions":
+            raise AttributeError(name)
+        return getattr(registry.get("layer_norm"), name)
+
+
+@pytest.fixture
+def plain_family():
+    family = registry.register(PlainFamily())
+    yield family
+    registry.unregister(family.op)
+
+
+def test_a_family_without_hooks_exports_its_kernel_and_a_manifest(
+    plain_family: PlainFamily, tmp_path: Path
+) -> None:
+    problem = PlainProblem(4096, "float16", True, False)
+    config = default_config(problem)
+    exported = render_export(config, problem, metrics={"median_us": 2.0})
+    kernel = render(config, problem)
+    assert exported.basename == "autonorm_plain_layer_norm_fp16_h4096"
+    assert list(exported.files) == [f"{exported.basename}.cu", f"{exported.basename}.json"]
+    assert exported.source == kernel.source and exported.header is None
+    manifest = exported.manifest
+    assert manifest["files"] == {"source": f"{exported.basename}.cu"}
+    assert manifest["launch"] == dataclasses.asdict(kernel.launch)
+    assert manifest["problem"] == problem.fields() and manifest["config"] == config.to_dict()
+    assert manifest["kernel_name"] == kernel.name and manifest["metrics"] == {"median_us": 2.0}
+    assert "function" not in manifest and "workspace_bytes" not in manifest
+    paths = export.write_export(exported, tmp_path)
+    assert [p.name for p in paths] == list(exported.files)
+
+
+def test_export_from_db_serves_any_registered_family(
+    plain_family: PlainFamily, user_db: Path, tmp_path: Path
+) -> None:
+    problem = PlainProblem(16384, "bfloat16")
+    key = TuningKey.for_problem(H200.fingerprint, problem, 4096)
+    _add_winner(user_db, key, CLUSTER)
+    _add_winner(user_db, _key(bucket=4096), PERSISTENT)  # LayerNorm's: another op
+    paths = export_from_db(16384, "bf16", tmp_path / "out", op=plain_family.op, rows=1000)
+    assert [p.suffix for p in paths] == [".cu", ".json"]
+    manifest = _manifest(paths)
+    assert manifest["config"] == CLUSTER.to_dict()
+    assert manifest["source"] == "user-nearest"
+    messages = [note["message"] for note in manifest["notes"]]
+    assert any("nearest tuned bucket, 4096" in m for m in messages), messages
+    assert paths[0].read_text() == render(CLUSTER, problem).source
+    with pytest.raises(KeyError, match="unknown op"):
+        export_from_db(16384, "bf16", tmp_path / "none", op="no_such_op")
 
 
 # -- GPU: the exported kernel equals the in-process one, bit for bit -------------------------
@@ -566,7 +648,7 @@ def test_exported_kernel_matches_in_process_kernel_bitwise(
     assert err == 0, f"exported launcher returned cudaError {err}"
     cupy.cuda.runtime.deviceSynchronize()
 
-    kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y_in_process.data.ptr, rows, eps)
+    kernel.launch((x.data.ptr, w.data.ptr, b.data.ptr, y_in_process.data.ptr, rows, eps))
     cupy.cuda.runtime.deviceSynchronize()
 
     assert not bool((y_in_process == 0xFFFF).any()), "in-process kernel left rows unwritten"

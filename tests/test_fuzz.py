@@ -1,9 +1,9 @@
 """Fuzzing the space, the renderer and the compiler with Hypothesis.
 
 CPU: random problems (hidden 1..70000, every dtype and affine variant) and random points of the
-raw space. :func:`autonorm.space.check` decides; the renderer must reject exactly what it
-rejects, and render what it accepts, deterministically. The accepted kernels are then compiled
-together by one nvcc run for sm_90 (skipped without nvcc).
+raw space. :func:`autonorm.ops.layer_norm.rules.check` decides; the renderer must reject exactly
+what it rejects, and render what it accepts, deterministically. The accepted kernels are then
+compiled together by one nvcc run for sm_90 (skipped without nvcc).
 
 GPU (marked ``gpu``): random problems (hidden 1..20000) and random valid configurations are
 compiled with NVRTC and verified against the float64 reference.

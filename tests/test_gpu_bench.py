@@ -1,4 +1,4 @@
-"""The finals' single-launch regime on a real GPU (bench.time_single_launches, NOTES.md 50)."""
+"""The finals' single-launch regime on a real GPU (bench.time_single_launches, docs/timing.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
-from autonorm.tune import bench
+from autonorm.runtime import timing as bench
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +20,7 @@ def test_single_launch_copy_agrees_with_the_back_to_back_copy() -> None:
     flush = bench.FLUSH_L2_MULTIPLE * query_device(0).l2_bytes
     single = bench.single_copy_gbps(0, 1 << 28, flush)
     back_to_back = bench.copy_bandwidth_gbps(0)
-    # NOTES.md 39: 4,230-4,282 GB/s read-flushed from 256 MiB moved up; a single launch that
+    # 4,230-4,282 GB/s read-flushed from 256 MiB moved up (docs/timing.md); a single launch that
     # timed the host's enqueue, or a flush left in the window, would fall far below.
     assert 0.85 * back_to_back < single < 1.1 * back_to_back, (single, back_to_back)
 

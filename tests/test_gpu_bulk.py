@@ -84,7 +84,7 @@ BROKEN = {
     ),
     # Pass 2 about zero instead of the row's centre: E[x^2] - E[x]^2, and rows near 1000 lose
     # their variance. (Dropping only the shift no longer breaks fp32: the corrected two-pass
-    # re-centres on pass 1's mean; measured passing on the H200, 2026-11-29.)
+    # re-centres on pass 1's mean; measured passing on the H200.)
     "uncentred-pass-2": (
         KernelConfig(512, 4, 1, "bulk", "two_pass", 1, 0, 2),
         Problem(4096, "float32"),
@@ -93,8 +93,8 @@ BROKEN = {
 }
 
 
-# The fp32 two-pass before the correction (NOTES.md 18): the segment's mean is pass 1's sum of
-# x - shift alone, about the shift.
+# The fp32 two-pass before the correction (docs/accuracy.md): the segment's mean is pass 1's sum
+# of x - shift alone, about the shift.
 UNCORRECTED = (
     "    const float cshift = centre;\n"
     "    float cmean = s3 * INV_SEG;  // of x - centre, over this segment\n"
@@ -120,7 +120,7 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift(hidden: int, cluste
 
 
 # Not here: a variant that never refills a stage. It waits on its mbarrier forever and hung the
-# GPU test run (2026-11-29); a hang is the isolated evaluator's job to survive, not verify's.
+# GPU test run; a hang is the isolated evaluator's job to survive, not verify's.
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

@@ -77,8 +77,8 @@ def test_unstable_variant_is_rejected_and_stable_ones_pass() -> None:
         assert good.errors["offset"].rel_l2 <= 1e-6
 
 
-# The fp32 two-pass before the correction (NOTES.md 18): the mean is pass 1's sum of x - shift
-# alone, and the row is normalized about the shift.
+# The fp32 two-pass before the correction (docs/accuracy.md): the mean is pass 1's sum of
+# x - shift alone, and the row is normalized about the shift.
 UNCORRECTED_TWO_PASS = (
     "    const float cshift = centre;\n"
     "    const float cmean = s3 * INV_N;  // mean of x - centre\n"
@@ -93,7 +93,7 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift() -> None:
     """The check can fail: without the correction, an outlier first element costs fp32 bits.
 
     A float32 emulation of these sums predicted 6.9e-6 at hidden 16384 against the 2e-6 tolerance
-    (benchmarks/lab/shift_emulation.py); every other case must still pass.
+    (docs/accuracy.md); every other case must still pass.
     """
     import dataclasses
 
@@ -115,10 +115,10 @@ def test_uncorrected_two_pass_fails_only_on_an_outlier_shift() -> None:
 
 
 # fp32 Welford configurations that failed the outlier case on the H200 before each thread's shift
-# followed its running mean (2026-11-29: 2.1e-6 to 5.0e-5), with the error the float32 emulation
-# predicts for the rebased kernel (benchmarks/lab/welford_emulation.py; tolerance 2e-6). Two more
-# of those runs 4,096 elements per thread, past space.WELFORD_RUN_MAX (2,048) since session 6:
-# in their place the longest runs the cap allows at the same hidden sizes.
+# followed its running mean (2.1e-6 to 5.0e-5), with the error the float32 emulation predicts for
+# the rebased kernel (docs/accuracy.md; tolerance 2e-6). Two more of those ran 4,096 elements per
+# thread, past space.WELFORD_RUN_MAX (2,048): in their place the longest runs the cap allows at
+# the same hidden sizes.
 REBASED_WELFORD = [
     (768, "t64v4r32-none-welford-c1-p4", 1.7e-7),
     (4096, "t32v2r16-none-welford-c1-p2", 4.6e-7),  # 2 threads a row, 2,048 elements each
@@ -155,8 +155,8 @@ def test_cupy_launch_path_on_a_raw_stream() -> None:
 
     from autonorm.numerics import from_float64
     from autonorm.ops import layer_norm as codegen
-    from autonorm.runtime import compiler
-    from autonorm.tune import bench
+    from autonorm.runtime import compiler, driver
+    from autonorm.runtime import timing as bench
 
     problem = Problem(4096, "bfloat16")
     kernel = compiler.compile_kernel(codegen.render(default_config(problem), problem))
@@ -167,21 +167,21 @@ def test_cupy_launch_path_on_a_raw_stream() -> None:
     b = cupy.asarray(from_float64(0.1 * rng.standard_normal(4096), problem.dtype))
     stream = cupy.cuda.Stream(non_blocking=True)
     outs = []
-    driver = kernel._driver  # noqa: SLF001 - the path under test is the one without it
-    assert driver is not None, "the ctypes launcher is the default path on a GPU machine"
+    launcher = kernel._driver  # noqa: SLF001 - the path under test is the one without it
+    assert launcher is not None, "the ctypes launcher is the default path on a GPU machine"
     try:
         for use_driver in (True, False):
-            kernel._driver = driver if use_driver else None  # noqa: SLF001
+            kernel._driver = launcher if use_driver else None  # noqa: SLF001
             y = cupy.empty_like(x)
             bench.poison_fill(y)
             with warnings.catch_warnings():
                 warnings.simplefilter("error", DeprecationWarning)
-                kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5,
+                kernel.launch((x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5),
                               stream.ptr)
             stream.synchronize()
             outs.append(y)
     finally:
-        kernel._driver = driver  # noqa: SLF001
+        kernel._driver = launcher  # noqa: SLF001
     poison = cupy.uint16(0xFFFF)
     assert not bool((outs[0].view(cupy.uint16) == poison).any()), "rows left unwritten"
     assert bool((outs[0].view(cupy.uint16) == outs[1].view(cupy.uint16)).all())

@@ -54,7 +54,7 @@ def _run(kernel, x, w, b, rows: int, work_ptr: int):  # noqa: ANN001, ANN202
 
     y = cupy.full(x.shape, 0x7FC1 if x.dtype == cupy.uint16 else float("nan"), dtype=x.dtype)
     stream = cupy.cuda.get_current_stream()
-    kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr,
+    kernel.launch((x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5), stream.ptr,
                   work_ptr=work_ptr)
     stream.synchronize()
     return y
@@ -116,7 +116,7 @@ def _capture(kernel, x, w, b, ys, rows: int, stream, mode=None):  # noqa: ANN001
     with stream:
         stream.begin_capture(mode)
         for y in ys:
-            kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, stream.ptr)
+            kernel.launch((x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5), stream.ptr)
         return stream.end_capture()
 
 
@@ -193,7 +193,7 @@ def test_concurrent_streams_each_get_their_own_counter() -> None:
     cupy.cuda.Device().synchronize()
     for _ in range(4):  # launches on the three streams overlap
         for s, y in zip(streams, ys, strict=True):
-            kernel.launch(x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5, s.ptr)
+            kernel.launch((x.data.ptr, w.data.ptr, b.data.ptr, y.data.ptr, rows, 1e-5), s.ptr)
     cupy.cuda.Device().synchronize()
     for y in ys:
         assert _same_bits(y, static)

@@ -1,4 +1,4 @@
-"""Tests of autonorm.isolation: candidates that kill, hang or fault their worker process.
+"""Tests of autonorm.tune.isolation: candidates that kill, hang or fault their worker process.
 
 The CPU tests run the fake evaluators of ``crashing_evaluator`` in the spawned worker; the test
 marked ``gpu`` makes a real kernel write to an unmapped address.
@@ -43,13 +43,13 @@ from fake_evaluator import FakeEvaluator, fake_median_us, read_log
 from optuna.trial import TrialState
 
 from autonorm.errors import AutonormError
-from autonorm.ops import layer_norm as codegen
-from autonorm.ops import layer_norm as space
+from autonorm.ops.layer_norm import codegen, rules
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.runtime.limits import H200
 from autonorm.tune.isolation import IsolatedEvaluator
-from autonorm.tune.tuner import TuneSettings, open_storage, tune
+from autonorm.tune.search import TuneSettings, tune
+from autonorm.tune.storage import open_storage
 
 BF16 = Problem(hidden=4096, dtype="bfloat16")
 SCRIPTED = (GOOD, OTHER, THIRD, CRASH, HANG, FAULT, CUDA_RAISE, BUG)
@@ -89,7 +89,7 @@ def gone(pid: int, wait_s: float = 5.0) -> bool:
 def test_scripted_configs_are_valid_and_distinct():
     assert len(set(SCRIPTED)) == len(SCRIPTED)
     for config in SCRIPTED:
-        assert not space.check(config, BF16, H200), config.label()
+        assert not rules.check(config, BF16, H200), config.label()
 
 
 def test_normal_run_returns_the_fakes_outcomes_unchanged(log):

@@ -1,4 +1,4 @@
-"""Tests of the search space (autonorm.space): validity rules, enumeration, defaults. CPU only."""
+"""Tests of the LayerNorm search space: validity rules, plans, enumeration, defaults. CPU only."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pytest
 from autonorm.dtypes import DTYPES, normalize_dtype
 from autonorm.errors import ConfigError
 from autonorm.ops import layer_norm as space
-from autonorm.ops.layer_norm import rules
 from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm import rules
 from autonorm.ops.layer_norm.config import CLUSTERS, ROWS_PER_BLOCK, THREADS, KernelConfig
-from autonorm.ops.layer_norm.plan import derive_shape, min_blocks_per_sm, smem_bytes
+from autonorm.ops.layer_norm.plan import min_blocks_per_sm, smem_bytes
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, is_valid, require_valid
+from autonorm.ops.layer_norm.shape import derive_shape
 from autonorm.ops.layer_norm.space import default_config, enumerate_space, iter_space
 from autonorm.runtime.limits import H200, DeviceLimits
 
@@ -137,8 +138,8 @@ def test_register_cache_fp32_elements_capped_at_32():
 
 
 def test_fp32_welford_run_capped_at_2048_elements_per_thread():
-    # The GPU fuzz test drew this on the H200 (2026-11-30): one thread per row runs Welford over
-    # 6,500 fp32 elements; the outlier-first case read 5.0e-6 against a 2e-6 tolerance.
+    # The GPU fuzz test drew this on the H200: one thread per row runs Welford over 6,500 fp32
+    # elements; the outlier-first case read 5.0e-6 against a 2e-6 tolerance (docs/accuracy.md).
     fuzzed = KernelConfig(threads=32, vec=1, rows_per_block=32, cache="none", stats="welford",
                           blocks_per_sm=2)
     assert_rejected(fuzzed, Problem(6500, "float32"), "welford over more than 2048 elements")
@@ -599,7 +600,7 @@ def test_16_bit_seeds_are_capped_where_the_cap_applies(dtype):
 
 def test_seeds_hold_a_one_warp_row_kernel_where_it_fits():
     # torch.compile's kernel at 768-1024 (one warp a row, the row in registers): x1.017 of the
-    # shipped winner at fp32 1024 (NOTES.md 102), and never sampled before it was seeded.
+    # t256v4r8 kernel at fp32 1024 (docs/tuning.md), and never sampled before it was seeded.
     for dtype, hidden in (("float32", 768), ("float32", 1024), ("bfloat16", 1024)):
         problem = Problem(hidden, dtype)
         warp_rows = [s for s in space.seed_configs(problem) if s.threads == 32]
@@ -614,7 +615,8 @@ def test_seeds_hold_a_one_warp_row_kernel_where_it_fits():
 def test_the_gpu_tests_named_configs_are_valid():
     """The GPU suite's hand-picked configs stay inside the space (checked here, without a GPU).
 
-    Session 6's Welford cap made two of them invalid and only the H200 run of session 7 showed it.
+    A tightened rule can make a hand-picked config invalid, which only a GPU run would show:
+    the Welford run cap once did so to two of them.
     """
     from test_gpu_kernels import REBASED_WELFORD
 
@@ -632,8 +634,8 @@ def test_labels_parse_back():
 
 
 def test_fp32_1024_thread_kernels_that_spill_at_64_registers_are_invalid():
-    # space._spills_at_1024_fp32: fitted to nvcc 13.0 on 1,692 kernels, none spilled out of
-    # sample (1,608 more at 18 other hidden sizes); the compile sweep would catch a regression.
+    # rules_registers.spills_at_1024_fp32: fitted to nvcc 13.0 on 1,692 kernels, none spilled out
+    # of sample (1,608 more at 18 other hidden sizes); the compile sweep would catch a regression.
     fp32 = {h: Problem(h, "float32") for h in (768, 12288, 16384, 24576)}
     spilling = [(12288, "t1024v4r2-none-welford-c1-p0"), (16384, "t1024v4r1-none-welford-c1-p0"),
                 (768, "t1024v4r32-smem-two_pass-c1-p0")]
@@ -651,7 +653,7 @@ def test_fp32_1024_thread_kernels_that_spill_at_64_registers_are_invalid():
 
 def test_a_few_rows_add_clustered_latency_seeds():
     # A row split over 8 blocks of 128 threads won at 16384 rows 1 (x1.02-1.17) and rows 8 (fp16,
-    # fp32) and lost at rows 64 (NOTES.md 114): seeded only while the blocks fit the SMs.
+    # fp32) and lost at rows 64 (docs/tuning.md): seeded only while the blocks fit the SMs.
     for dtype in DTYPES:
         problem = Problem(16384, dtype)
         few = space.seed_configs(problem, rows=1)

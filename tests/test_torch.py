@@ -34,8 +34,9 @@ from autonorm.errors import (  # noqa: E402
     ShapeError,
     UnsupportedDtypeError,
 )
+from autonorm.torch import forward  # noqa: E402
 
-REPO_ROOT = Path(at.__file__).resolve().parent.parent
+REPO_ROOT = Path(at.__file__).resolve().parents[2]  # autonorm/torch/__init__.py
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -116,7 +117,8 @@ NO_TORCH = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, NoTorch())
-    import autonorm, autonorm.errors, autonorm.ops.layer_norm, autonorm.settings, autonorm.runtime.device
+    import autonorm, autonorm.errors, autonorm.ops.layer_norm, autonorm.settings
+    import autonorm.runtime.device, autonorm.api, autonorm.dispatch
     assert "torch" not in sys.modules, "torch was imported"
     assert not attempts, f"import autonorm tried to import {attempts}"
     try:
@@ -551,13 +553,14 @@ class FakeKernel:
         self.problem, self.rows, self.device_id = problem, rows, device_id
         self.launches: list[tuple] = []
 
-    def launch(self, x_ptr, w_ptr, b_ptr, y_ptr, rows, eps, stream_ptr) -> None:
+    def launch(self, args, stream_ptr) -> None:
+        x_ptr, w_ptr, b_ptr, y_ptr, rows, eps = args  # LayerNorm's parameter list, in order
         self.launches.append((x_ptr, w_ptr, b_ptr, y_ptr, rows, eps, stream_ptr))
 
 
 @pytest.fixture
 def fake_dispatch(monkeypatch):
-    """Route _forward_cuda's lookups to a fake dispatcher; CPU tensors stand in for CUDA ones."""
+    """Route forward_cuda's lookups to a fake dispatcher; CPU tensors stand in for CUDA ones."""
     made: list[FakeKernel] = []
 
     def get_kernel(problem, rows, device_id):
@@ -568,16 +571,16 @@ def fake_dispatch(monkeypatch):
     module = types.ModuleType("autonorm.dispatch")
     module.get_kernel = get_kernel
     monkeypatch.setitem(sys.modules, "autonorm.dispatch", module)
-    monkeypatch.setattr(at, "_KERNELS", {})
-    monkeypatch.setattr(at, "_current_device", lambda: -1)  # a CPU tensor's get_device()
-    monkeypatch.setattr(at, "_raw_stream", lambda device_id: 0xABC0)
+    monkeypatch.setattr(forward, "_KERNELS", {})
+    monkeypatch.setattr(forward, "_current_device", lambda: -1)  # a CPU tensor's get_device()
+    monkeypatch.setattr(forward, "_raw_stream", lambda device_id: 0xABC0)
     return made
 
 
 def test_launch_arguments(fake_dispatch):
     x = torch.randn(3, 5, 64, dtype=torch.bfloat16)
     w = torch.randn(64, dtype=torch.bfloat16)
-    y = at._forward_cuda(x, w, None, 1e-6)
+    y = forward.forward_cuda(x, w, None, 1e-6)
     (kernel,) = fake_dispatch
     assert kernel.problem.hidden == 64 and kernel.problem.dtype == "bfloat16"
     assert kernel.problem.has_weight and not kernel.problem.has_bias
@@ -592,13 +595,13 @@ def test_launch_arguments(fake_dispatch):
 def test_kernel_cache_per_rows_bucket(fake_dispatch):
     w = torch.ones(32)
     for rows in (3, 4, 4, 3):  # one bucket (4)
-        at._forward_cuda(torch.randn(rows, 32), w, w, 1e-5)
+        forward.forward_cuda(torch.randn(rows, 32), w, w, 1e-5)
     assert len(fake_dispatch) == 1 and len(fake_dispatch[0].launches) == 4
-    at._forward_cuda(torch.randn(5, 32), w, w, 1e-5)  # bucket 8
-    at._forward_cuda(torch.randn(5, 32), None, None, 1e-5)  # other affine flags
-    at._forward_cuda(torch.randn(5, 32, dtype=torch.float16), None, None, 1e-5)  # other dtype
+    forward.forward_cuda(torch.randn(5, 32), w, w, 1e-5)  # bucket 8
+    forward.forward_cuda(torch.randn(5, 32), None, None, 1e-5)  # other affine flags
+    forward.forward_cuda(torch.randn(5, 32, dtype=torch.float16), None, None, 1e-5)  # other dtype
     assert len(fake_dispatch) == 4
-    assert [k[-1] for k in at._KERNELS] == [4, 8, 8, 8]
+    assert [k[-1] for k in forward._KERNELS] == [4, 8, 8, 8]
 
 
 def test_misaligned_and_strided_inputs_are_copied(fake_dispatch):
@@ -607,28 +610,28 @@ def test_misaligned_and_strided_inputs_are_copied(fake_dispatch):
     assert x.data_ptr() % 16
     wbuf = torch.randn(2 * 64)
     w = wbuf[::2]  # strided weight
-    at._forward_cuda(x, w, None, 1e-5)
+    forward.forward_cuda(x, w, None, 1e-5)
     x_ptr, w_ptr = fake_dispatch[0].launches[0][:2]
     assert x_ptr % 16 == 0 and x_ptr != x.data_ptr()
     assert w_ptr % 16 == 0 and w_ptr != w.data_ptr()
     xt = torch.randn(64, 4).t()
-    at._forward_cuda(xt, None, None, 1e-5)
+    forward.forward_cuda(xt, None, None, 1e-5)
     assert fake_dispatch[1].launches[0][0] != xt.data_ptr()
 
 
 def test_zero_rows_do_not_launch(fake_dispatch):
-    y = at._forward_cuda(torch.empty(0, 64), None, None, 1e-5)
+    y = forward.forward_cuda(torch.empty(0, 64), None, None, 1e-5)
     assert y.shape == (0, 64) and not fake_dispatch
 
 
 def test_launch_path_validates(fake_dispatch):
     with pytest.raises(ShapeError):
-        at._forward_cuda(torch.randn(2, 8), torch.ones(9), None, 1e-5)
+        forward.forward_cuda(torch.randn(2, 8), torch.ones(9), None, 1e-5)
     with pytest.raises(InputError):
-        at._forward_cuda(torch.randn(2, 8), None, None, 0.0)
+        forward.forward_cuda(torch.randn(2, 8), None, None, 0.0)
     with pytest.raises(UnsupportedDtypeError):
-        at._forward_cuda(torch.randn(2, 8), torch.ones(8, dtype=torch.float16), None, 1e-5)
-    at._forward_cuda(torch.randn(2, 8), None, None, 1)  # an int eps is fine
+        forward.forward_cuda(torch.randn(2, 8), torch.ones(8, dtype=torch.float16), None, 1e-5)
+    forward.forward_cuda(torch.randn(2, 8), None, None, 1)  # an int eps is fine
     assert fake_dispatch[0].launches[0][5] == 1.0
 
 
@@ -921,8 +924,8 @@ def per_call_seconds(fn, calls: int = 2000, repeats: int = 5) -> float:
 @gpu
 def test_gpu_host_overhead(monkeypatch):
     # Bounds relative to eager F.layer_norm timed in the same run: the device host's speed
-    # varied 5x between sessions (eager's rows-1 do_bench 7 -> 35 us), and an absolute 8 us bound
-    # on the wrapper failed on unchanged code in sessions 4 and 5 (NOTES.md, host cost).
+    # varies 5x from one machine to the next (eager's rows-1 do_bench 7 -> 35 us), and an
+    # absolute 8 us bound on the wrapper failed on unchanged code.
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w, b = make_affine(4096, torch.bfloat16, "both")
     with torch.inference_mode():
@@ -931,8 +934,8 @@ def test_gpu_host_overhead(monkeypatch):
         eager = per_call_seconds(lambda: F.layer_norm(x, (4096,), w, b))
         total = per_call_seconds(lambda: at.layer_norm(x, w, b))
         key = (x.get_device(), torch.bfloat16, 4096, True, True, 1)
-        assert key in at._KERNELS
-        monkeypatch.setitem(at._KERNELS, key, NoOpKernel())
+        assert key in forward._KERNELS
+        monkeypatch.setitem(forward._KERNELS, key, NoOpKernel())
         wrapper = per_call_seconds(lambda: at.layer_norm(x, w, b))
     message = (f"per call: {total * 1e6:.1f} µs in all, {wrapper * 1e6:.1f} µs in autonorm.torch;"
                f" eager F.layer_norm {eager * 1e6:.1f} µs")

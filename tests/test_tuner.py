@@ -1,4 +1,7 @@
-"""Tests of the Optuna search loop (autonorm.tuner) with a fake evaluator: CPU only."""
+"""Tests of the Optuna search (autonorm.tune.search, storage, workers) with a fake evaluator.
+
+CPU only.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,9 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import optuna
 import pytest
@@ -23,17 +28,14 @@ from optuna.trial import TrialState
 
 from autonorm.ops import layer_norm as space
 from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.results import Outcome, Timing
 from autonorm.runtime.limits import H200
-from autonorm.tune.tuner import (
-    TuneSettings,
-    open_storage,
-    run_workers,
-    study_name_for,
-    suggest_config,
-    tune,
-)
+from autonorm.tune.search import TuneSettings, tune
+from autonorm.tune.storage import open_storage, study_name_for
+from autonorm.tune.trials import has_all_params
+from autonorm.tune.workers import run_workers
 
 BF16 = Problem(hidden=4096, dtype="bfloat16")
 QUIET = {"progress": False, "limits": H200}
@@ -69,18 +71,32 @@ def leave_running_trial(path: Path, name: str, config: KernelConfig, pid: int) -
     study.enqueue_trial(config.to_dict())
     trial = study.ask()
     trial.set_user_attr("owner", {"host": socket.gethostname(), "pid": pid, "start": None})
-    assert suggest_config(trial) == config  # the enqueued parameters
+    assert FAMILY.suggest(trial) == config  # the enqueued parameters
     return trial.number
 
 
 # --------------------------------------------------------------------------- names and storage
 
 
+@dataclass(frozen=True)
+class OtherOp:
+    """A problem of another op with LayerNorm's dtype and hidden size (for names only)."""
+
+    hidden: int
+    dtype: str
+    op: ClassVar[str] = "scaled_copy"
+
+    def fields(self) -> dict:
+        return {"hidden": self.hidden, "dtype": self.dtype}
+
+
 def test_study_name_is_readable_safe_and_distinct():
     fp = "NVIDIA H200|sm90|132sm|l2=62914560|bus=6144|memclk=3201000"
     name = study_name_for(fp, "0.1.0", BF16, 1024)
     assert name.startswith("nvidia-h200-")
-    assert "bfloat16" in name and "h4096" in name and "r1024" in name and "w1b1" in name
+    assert "bfloat16" in name and "h4096" in name and "r1024" in name
+    # The op and every other field of the problem, by name.
+    assert "layer-norm" in name and "has-weight1" in name and "has-bias1" in name
     assert all(c.isalnum() or c in "._-" for c in name)
     others = {
         study_name_for(fp, "0.1.1", BF16, 1024),
@@ -88,10 +104,31 @@ def test_study_name_is_readable_safe_and_distinct():
         study_name_for(fp, "0.1.0", Problem(4096, "float16"), 1024),
         study_name_for(fp, "0.1.0", Problem(4096, "bfloat16", has_bias=False), 1024),
         study_name_for(fp, "0.1.0", BF16, 2048),
+        study_name_for(fp, "0.1.0", OtherOp(4096, "bfloat16"), 1024),
     }
-    assert name not in others and len(others) == 5
+    assert name not in others and len(others) == 6
     with pytest.raises(ValueError):
         study_name_for(fp, "0.1.0", BF16, 0)
+
+
+def test_a_trial_is_ready_once_its_family_asks_nothing_more():
+    # The family's suggest() is replayed on the parameters written so far: a bulk-copy trial
+    # needs stages, and no stats or blocks_per_sm; the others the reverse.
+    bulk = KernelConfig(256, 8, 2, "bulk", "two_pass", 1, 0, 2)
+    study = optuna.create_study()
+    for config in (bulk, INCUMBENT):
+        study.enqueue_trial(config.to_dict())
+        trial = study.ask()
+        assert FAMILY.suggest(trial) == config
+        frozen = study.trials[trial.number]
+        assert has_all_params(frozen, FAMILY)
+        for name in frozen.params:
+            partial = optuna.trial.create_trial(
+                state=TrialState.RUNNING,
+                params={k: v for k, v in frozen.params.items() if k != name},
+                distributions={k: v for k, v in frozen.distributions.items() if k != name},
+            )
+            assert not has_all_params(partial, FAMILY), name
 
 
 def test_open_storage_default_is_a_journal_file_under_the_cache_dir(tmp_path, monkeypatch):
@@ -199,10 +236,10 @@ def classify(config: KernelConfig) -> str | None:
 
 
 # One valid configuration of each failure class of classify(), measured first: which classes
-# TPE happens to reach in 24 trials depends on the whole search space (adding the bulk-copy
-# kernel changed the seeded sequence so that no rows_per_block=2 candidate came up). The bulk
-# one fails too: a trial whose parameters are conditional (no stats or blocks_per_sm) must be
-# recorded and never retried like any other.
+# TPE happens to reach in 24 trials depends on the whole search space (any change to it changes
+# the seeded sequence), so the seeds make sure every class is met. The bulk one fails too: a
+# trial whose parameters are conditional (no stats or blocks_per_sm) must be recorded and never
+# retried like any other.
 FAILING_SEEDS = (
     KernelConfig(256, 8, 1, "registers", "welford", 1, 8),  # compile
     KernelConfig(256, 8, 2, "registers", "welford", 1, 0),  # launch

@@ -1,4 +1,4 @@
-"""CPU: which tile counter a launch gets (autonorm.workspace), with the driver's answer faked.
+"""CPU: which tile counter a launch gets (autonorm.runtime.workspace), the driver faked.
 
 The GPU side (the kernel's use of the counter, real capture, real streams) is in
 tests/test_gpu_schedule.py; here only the bookkeeping: an unknown or invalidated capture state

@@ -21,7 +21,7 @@ _BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _LINE_COMMENT = re.compile(r"//[^\n]*")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def environment(template_dir: Path) -> jinja2.Environment:
     """Return the Jinja environment over ``template_dir`` and the shared templates."""
     return jinja2.Environment(

@@ -1,23 +1,25 @@
-"""Render a (KernelConfig, Problem) into CUDA C++ source and its launch plan.
+"""What rendering produces: a kernel's source and how to launch it.
 
-Rendering is pure and deterministic: the same inputs give the same bytes, on any machine, with
-no GPU. Compiling is :mod:`autonorm.compiler`'s job.
+:class:`RenderedKernel` is a family's rendered kernel (its C name, CUDA source, configuration
+and problem); :class:`LaunchPlan` is the launch it needs: block size, dynamic shared memory,
+cluster and the rule that sizes its grid. Pure data: no Jinja, no CuPy.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.problem import Problem
+if TYPE_CHECKING:
+    from autonorm.ops.base import Config, Problem
 
-# Tiles per cluster from which the bulk kernel takes its tiles through the counter (the dynamic
-# schedule) instead of round-robin. With the count-out at exit the counter cost a launch ~1 us
-# (H200, benchmarks/NOTES.md 92: x0.87-0.96 of static at 1-4 tiles a cluster); counted out at the
-# first failed claim (93, 94) the two are level there (x0.996-1.010) and the dynamic one gains from
-# 8 (x1.00-1.02) and 16 (x1.02-1.05). Below 8 the static schedule stays: it gains nothing there and
-# needs no zeroed counter (none captured into a graph, no workspace for an exported launcher).
+# Tiles per cluster from which a resident kernel (the bulk-copy kernel) takes its tiles through
+# the counter (the dynamic schedule) instead of round-robin. Counted out at the first failed
+# claim, the two schedules are level at 1-4 tiles a cluster (x0.996-1.010) and the dynamic one
+# gains from 8 (x1.00-1.02) and 16 (x1.02-1.05). Below 8 the static schedule stays: it gains
+# nothing there and needs no zeroed counter (none captured into a graph, no workspace for an
+# exported launcher); docs/bulk-kernel.md.
 DYNAMIC_MIN_TILES = 8
 
 
@@ -69,7 +71,7 @@ class RenderedKernel:
 
     name: str
     source: str
-    config: KernelConfig
+    config: Config
     problem: Problem
     launch: LaunchPlan
 

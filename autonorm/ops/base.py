@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from autonorm.codegen.kernel import RenderedKernel
+    from autonorm.runtime.abi import KernelABI
     from autonorm.runtime.limits import DeviceLimits
+    from autonorm.tune.evaluator import Workload
 
 
 @runtime_checkable
@@ -54,6 +56,7 @@ class Config(Protocol):
         ...
 
 
+@runtime_checkable
 class Family(Protocol):
     """A kernel family, as the generic layers see it.
 
@@ -61,6 +64,14 @@ class Family(Protocol):
         op: the family's name, e.g. ``"layer_norm"``: the DB key's op column, the CLI's
             ``--op`` value and the registry's key.
         template_dir: the folder of the family's Jinja templates.
+
+    Optional members, looked up with ``getattr`` by the generic layers:
+        legacy_versions: a frozenset of the version strings (package version and template
+            hash) of autonorm releases older than kernel digests whose kernels the family
+            renders unchanged today; lookup trusts winners migrated from those versions.
+            Absent: no migrated winner is trusted.
+        export_basename, export_files, export_manifest: the hooks of :class:`Exporter`;
+            absent, an export writes the kernel source and a manifest only.
     """
 
     op: str
@@ -104,6 +115,42 @@ class Family(Protocol):
 
     def bytes_moved(self, problem: Problem, rows: int) -> int:
         """Return the fewest bytes a launch over ``rows`` rows must read and write."""
+        ...
+
+    def kernel_abi(self, kernel: RenderedKernel) -> KernelABI:
+        """Return the parameter list of a rendered kernel (how the runtime packs a launch)."""
+        ...
+
+    def workload(
+        self, problem: Problem, rows: int, *, device_id: int = 0, seed: int = 0
+    ) -> Workload:
+        """Allocate the GPU inputs that time and verify the family's kernels over ``rows`` rows.
+
+        The returned :class:`~autonorm.tune.evaluator.Workload` is what the GPU evaluator
+        launches (rotated input sets), verifies against the float64 reference and divides the
+        time into (bytes moved). Imports CuPy; called only where a GPU is.
+        """
+        ...
+
+
+@runtime_checkable
+class Exporter(Protocol):
+    """The optional export hooks of a family: its host launcher and the files it comes in.
+
+    :mod:`autonorm.export` renders the kernel, asks these hooks for the family's own files and
+    manifest entries, and adds the manifest.
+    """
+
+    def export_basename(self, problem: Problem) -> str:
+        """Return the default file stem (and launcher prefix) of an export, a C identifier."""
+        ...
+
+    def export_files(self, kernel: RenderedKernel, basename: str) -> dict[str, str]:
+        """Return the files of an export by name, ``<basename>.cu`` first (no manifest)."""
+        ...
+
+    def export_manifest(self, kernel: RenderedKernel, basename: str) -> dict[str, Any]:
+        """Return the family's manifest entries (``files`` and ``launch`` replace export's)."""
         ...
 
 

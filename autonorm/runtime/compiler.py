@@ -1,13 +1,15 @@
-"""Compile rendered kernels: NVRTC through CuPy at run time, nvcc offline.
+"""Compile rendered kernels at run time (NVRTC through CuPy) and launch them.
 
-Run time: :func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``.
-Modules are cached in this process (keyed by source hash, arch and CUDA version) and on disk by
-CuPy's kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a
-second process loads the cubin instead of compiling again. :func:`precompile` warms that disk
-cache from a pool of processes, so a tuner's GPU does not wait on NVRTC.
+:func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``. Modules are
+cached in this process (keyed by source hash, arch and CUDA version) and on disk by CuPy's
+kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a second
+process loads the cubin instead of compiling again. :class:`CompilePool` warms that disk cache
+from a pool of processes, so a tuner's GPU does not wait on NVRTC. Offline compilation with nvcc
+(no GPU) is :mod:`autonorm.runtime.offline`'s.
 
-Offline: :func:`compile_offline` compiles many kernels for a named arch with nvcc on a machine
-without a GPU and reports registers, shared memory and spills from ``-Xptxas -v``.
+A compiled kernel knows its family's parameter list (:class:`~autonorm.runtime.abi.KernelABI`,
+from ``Family.kernel_abi``) and nothing else of the family: callers pass the parameter values
+as one tuple in the kernel's order.
 """
 
 from __future__ import annotations
@@ -15,17 +17,20 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 from autonorm.errors import CompileError, LaunchError
 from autonorm.runtime import workspace
+from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.driver import (
     _RETRY_WITH_CUPY,
     _DriverLauncher,
     resident_clusters,
     wrap_stream,
 )
+
+if TYPE_CHECKING:
+    from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 
 # 177: variable declared but never referenced; 550: set but never used. The template declares
 # the same locals for every variant; some variants leave a few unused.
@@ -41,30 +46,39 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 
 
 class CompiledKernel:
-    """A loaded kernel and its launch plan; :meth:`launch` takes raw device pointers."""
+    """A loaded kernel, its launch plan and its parameter list; :meth:`launch` takes raw values.
+
+    Args:
+        rendered: the kernel's source and launch plan.
+        function: CuPy's ``Function`` (``RawKernel.kernel``), loaded on GPU ``device_id``.
+        sm_count: the GPU's SMs (the grid of a persistent kernel follows them).
+        abi: the kernel's parameter list (its family's ``kernel_abi``).
+        attributes: CuPy's function attributes (registers, local memory, ...).
+        device_id: the GPU the function is loaded on.
+    """
 
     def __init__(
         self,
         rendered: RenderedKernel,
         function: Any,
         sm_count: int,
+        *,
+        abi: KernelABI,
         attributes: dict[str, int] | None = None,
         device_id: int = 0,
     ) -> None:
-        """Wrap a CuPy ``Function`` (``RawKernel.kernel``) loaded on GPU ``device_id``."""
-        import numpy as np
-
         self.attributes = dict(attributes or {})
         self.rendered = rendered
         self.name = rendered.name
         self.plan: LaunchPlan = rendered.launch
+        self.abi = abi
         self._function = function
         self._sm_count = sm_count
         self._device_id = device_id
-        self._block = (self.plan.threads, 1, 1)
+        self._threads = self.plan.threads
         self._smem = self.plan.smem_bytes
-        self._np = np
-        self._driver = _DriverLauncher.create(function)
+        self._rows_index = abi.rows_index
+        self._driver = _DriverLauncher.create(function, abi)
         self.resident_clusters = (
             resident_clusters(function, self.plan, sm_count) if self.plan.resident else None
         )
@@ -77,35 +91,35 @@ class CompiledKernel:
 
     def launch(
         self,
-        x_ptr: int,
-        w_ptr: int,
-        b_ptr: int,
-        y_ptr: int,
-        rows: int,
-        eps: float,
+        args: tuple,
         stream_ptr: int | None = None,
         grid: int | None = None,
         work_ptr: int | None = None,
     ) -> None:
-        """Launch on raw device pointers (0 for an absent weight or bias).
+        """Launch on raw values, in the order of the kernel's parameter list (its ABI).
+
+        The values are device pointers (16-byte aligned; 0 for an absent tensor), integers and
+        floats, in one tuple, not one argument per parameter: a Python call that collects
+        ``*args`` or takes a keyword cost ~250 ns more, on a path that must stay within a few
+        microseconds.
 
         Args:
-            x_ptr: input, rows x hidden, contiguous, 16-byte aligned.
-            w_ptr: weight (hidden,) or 0.
-            b_ptr: bias (hidden,) or 0.
-            y_ptr: output, like x.
-            rows: number of rows.
-            eps: added to the variance.
+            args: the kernel's parameter values in order, the workspace pointer not among them;
+                ``args[abi.rows_index]`` is the row count.
             stream_ptr: CUDA stream handle; None uses CuPy's current stream.
             grid: override the number of blocks (verification uses a small grid to exercise
                 the grid-stride loop); must be a multiple of the cluster size.
-            work_ptr: the bulk-copy kernel's tile counter (zeroed, not shared with a launch that
-                may overlap this one; 0 takes the static schedule); None takes the stream's own
-                (:func:`autonorm.workspace.counter_for`). Used only where the launch has tiles
-                enough for the dynamic schedule to pay (``LaunchPlan.uses_counter``); other
-                launches and other kernels pass none.
+            work_ptr: for a kernel with a workspace, its tile counter (zeroed, not shared with a
+                launch that may overlap this one; 0 takes the static schedule); None takes the
+                stream's own (:func:`autonorm.runtime.workspace.counter_for`). Used only where
+                the launch has tiles enough for the dynamic schedule to pay
+                (``LaunchPlan.uses_counter``); other launches pass none.
+
+        Raises:
+            LaunchError: the driver refused the launch.
 
         """
+        rows = args[self._rows_index]
         if rows <= 0:
             return
         if grid is None:
@@ -118,7 +132,7 @@ class CompiledKernel:
                 self._last_grid = (rows, grid, dynamic)
         else:
             dynamic = self.plan.uses_counter(rows, grid)
-        if not dynamic:
+        if not dynamic or not self.abi.workspace:
             work_ptr = 0  # few tiles a cluster: the counter gains nothing (DYNAMIC_MIN_TILES)
         elif work_ptr is None:
             if stream_ptr is None:
@@ -129,10 +143,7 @@ class CompiledKernel:
                 counter_stream = stream_ptr
             work_ptr = workspace.counter_for(self._device_id, counter_stream)
         if self._driver is not None and stream_ptr is not None:
-            code = self._driver(
-                grid, self._block[0], self._smem, stream_ptr, x_ptr, w_ptr, b_ptr, y_ptr, rows,
-                eps, work_ptr,
-            )
+            code = self._driver.launch(grid, self._threads, self._smem, stream_ptr, args, work_ptr)
             if code == 0:
                 return
             if code not in _RETRY_WITH_CUPY:
@@ -141,38 +152,36 @@ class CompiledKernel:
                 )
             # Wrong or no current context on this thread: CuPy's path sets it up.
             self._driver = None
-        np = self._np
-        stream = None if stream_ptr is None else wrap_stream(stream_ptr)
-        args = (
-            np.uint64(x_ptr),
-            np.uint64(w_ptr),
-            np.uint64(b_ptr),
-            np.uint64(y_ptr),
-            np.int32(rows),
-            np.float32(eps),
-            np.uint64(work_ptr),
+        self._launch_cupy(args, stream_ptr, grid, work_ptr)
+
+    def _launch_cupy(self, args: tuple, stream_ptr: int | None, grid: int, work_ptr: int) -> None:
+        """Launch through CuPy's ``Function`` (no driver, another context, or no stream given)."""
+        import numpy as np
+
+        values = (*args, work_ptr) if self.abi.workspace else args
+        typed = tuple(
+            getattr(np, kind)(value)
+            for kind, value in zip(self.abi.numpy_types, values, strict=True)
         )
+        stream = None if stream_ptr is None else wrap_stream(stream_ptr)
         try:
-            self._function((grid, 1, 1), self._block, args, self._smem, stream)
+            self._function((grid, 1, 1), (self._threads, 1, 1), typed, self._smem, stream)
         except Exception as exc:  # noqa: BLE001 - CuPy raises CUDADriverError and others
             raise LaunchError(f"launch of {self.rendered.config.label()} failed: {exc}") from exc
 
-    def launch_arrays(
-        self, x: Any, w: Any, b: Any, y: Any, rows: int, eps: float, grid: int | None = None
-    ) -> None:
-        """Launch on CuPy arrays (weight and bias may be None) on CuPy's current stream."""
+    def launch_arrays(self, *args: Any, grid: int | None = None) -> None:
+        """Launch on CuPy arrays and plain values, on CuPy's current stream.
+
+        Each CuPy array stands for its device pointer and None for a null pointer (an absent
+        weight, say); other values pass as they are. Not for hot paths: see :meth:`launch`.
+        """
         import cupy
 
-        self.launch(
-            x.data.ptr,
-            0 if w is None else w.data.ptr,
-            0 if b is None else b.data.ptr,
-            y.data.ptr,
-            rows,
-            eps,
-            cupy.cuda.get_current_stream().ptr,
-            grid=grid,
+        values = tuple(
+            0 if a is None else a.data.ptr if isinstance(a, cupy.ndarray) else a for a in args
         )
+        self.launch(values, cupy.cuda.get_current_stream().ptr, grid=grid)
+
 
 _MODULES: dict[tuple[str, str, int], Any] = {}
 
@@ -184,8 +193,16 @@ def cuda_version() -> int:
     return int(cupy.cuda.runtime.runtimeGetVersion())
 
 
-def compile_kernel(rendered: RenderedKernel, device_id: int | None = None) -> CompiledKernel:
+def compile_kernel(
+    rendered: RenderedKernel, device_id: int | None = None, abi: KernelABI | None = None
+) -> CompiledKernel:
     """Compile (or fetch from the caches) and load a rendered kernel on a GPU.
+
+    Args:
+        rendered: the kernel.
+        device_id: the GPU; None for the current one.
+        abi: the kernel's parameter list; None asks the family of ``rendered.problem``
+            (``Family.kernel_abi``).
 
     Raises:
         CompileError: NVRTC rejected the source.
@@ -194,6 +211,10 @@ def compile_kernel(rendered: RenderedKernel, device_id: int | None = None) -> Co
     """
     from autonorm.runtime.device import import_cupy, query_device
 
+    if abi is None:
+        from autonorm.ops.registry import family_of
+
+        abi = family_of(rendered.problem).kernel_abi(rendered)
     cupy = import_cupy()
     info = query_device(device_id)
     key = (rendered.source_hash, info.arch, cuda_version())
@@ -211,7 +232,7 @@ def compile_kernel(rendered: RenderedKernel, device_id: int | None = None) -> Co
         if rendered.launch.smem_bytes > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
         return CompiledKernel(
-            rendered, raw.kernel, info.sm_count, raw.attributes,
+            rendered, raw.kernel, info.sm_count, abi=abi, attributes=raw.attributes,
             device_id=cupy.cuda.runtime.getDevice(),
         )
 

@@ -50,7 +50,7 @@ class DeviceInfo:
         return 2.0 * self.mem_clock_khz * 1e3 * (self.mem_bus_bits / 8) / 1e9
 
     def limits(self) -> DeviceLimits:
-        """Return the limits used by the validity rules of :mod:`autonorm.space`."""
+        """Return the limits that a family's validity rules and launch plans read."""
         return DeviceLimits(
             name=self.name,
             cc=self.cc,

@@ -1,13 +1,9 @@
-"""Compile rendered kernels: NVRTC through CuPy at run time, nvcc offline.
+"""The CUDA driver through ctypes: the kernel launcher, raw streams and occupancy queries.
 
-Run time: :func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``.
-Modules are cached in this process (keyed by source hash, arch and CUDA version) and on disk by
-CuPy's kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a
-second process loads the cubin instead of compiling again. :func:`precompile` warms that disk
-cache from a pool of processes, so a tuner's GPU does not wait on NVRTC.
-
-Offline: :func:`compile_offline` compiles many kernels for a named arch with nvcc on a machine
-without a GPU and reports registers, shared memory and spills from ``-Xptxas -v``.
+:class:`_DriverLauncher` calls ``cuLaunchKernel`` directly, which costs a fraction of CuPy's call
+path; :func:`resident_clusters` asks the driver how many clusters fit at once. Both
+:mod:`autonorm.runtime.compiler` and :mod:`autonorm.runtime.workspace` use this module, and it
+uses neither. CuPy is imported only where a stream is wrapped.
 """
 
 from __future__ import annotations
@@ -15,11 +11,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import struct
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autonorm.codegen.kernel import LaunchPlan
+from autonorm.runtime.abi import DEFAULT_ABI, KernelABI
+
+if TYPE_CHECKING:
+    from autonorm.codegen.kernel import LaunchPlan
 
 
 class _RawStream:
@@ -50,11 +48,6 @@ def wrap_stream(ptr: int) -> Any:
         return from_external(_RawStream(ptr))
     return cupy.cuda.ExternalStream(ptr)
 
-# The kernel's parameters as cuLaunchKernel reads them, each through its own pointer: x, w, b, y,
-# rows (int), eps (float), work, packed at their natural alignment by one struct call.
-_PARAMS = struct.Struct("=QQQQifQ")
-
-_PARAM_OFFSETS = (0, 8, 16, 24, 32, 36, 40)
 
 # ctypes' c_void_p of each CUDA stream handle the driver is called with, shared by the launcher
 # and workspace's capture query: a c_void_p built per call costs ~0.2 us. Bounded: a caller that
@@ -76,30 +69,40 @@ class _DriverLauncher:
     """Launch one kernel through ``cuLaunchKernel`` directly (ctypes), skipping CuPy's call path.
 
     CuPy's ``Function.__call__`` builds its argument buffer on every call; at rows=1 that made
-    up most of a 13.9 us host cost per autonorm call (H200, torch path, 2026-11-29) against a
-    10 us budget. Here each thread keeps its own preallocated parameter buffer, a call packs the
-    seven values into it with one ``struct`` call, and ``cuLaunchKernel`` is called without
-    ``argtypes``: ctypes' per-argument conversion took 0.73 of a 1.16 us call, and seven
-    ``.value`` stores 0.35 us where the pack takes 0.26 (dev machine, a no-op C function in its
-    place, 2026-11-30). Without argtypes ctypes passes Python ints as C ints, which the
-    launch's unsigned dimensions (far below 2^31) read correctly, and pointers as ``c_void_p``.
+    up most of a 13.9 us host cost per autonorm call (H200, torch path) against a 10 us budget.
+    Here each thread keeps its own preallocated parameter buffer, laid out by the kernel's
+    :class:`~autonorm.runtime.abi.KernelABI`; a call packs every value into it with one
+    ``struct`` call, and ``cuLaunchKernel`` is called without ``argtypes``: ctypes' per-argument
+    conversion took 0.73 of a 1.16 us call, and seven ``.value`` stores 0.35 us where the pack
+    takes 0.26 (timed against a no-op C function in the driver's place). Without argtypes ctypes
+    passes Python ints as C ints, which the launch's unsigned dimensions (far below 2^31) read
+    correctly, and pointers as ``c_void_p``.
+
+    Args:
+        function_ptr: the ``CUfunction`` handle.
+        abi: the kernel's parameter list; a launcher made without one packs
+            :data:`~autonorm.runtime.abi.DEFAULT_ABI`'s.
     """
 
     _lib: Any = None
     _cuda: Any = None  # the driver library (for occupancy queries)
     _lib_tried = False
 
-    def __init__(self, function_ptr: int) -> None:
+    def __init__(self, function_ptr: int, abi: KernelABI = DEFAULT_ABI) -> None:
         self._fn = ctypes.c_void_p(function_ptr)
+        packer = abi.packer
+        self._pack = packer.pack_into
+        self._words = -(-packer.size // 8)
+        self._offsets = abi.offsets
         self._local = threading.local()
 
     @classmethod
-    def create(cls, function: Any) -> _DriverLauncher | None:
+    def create(cls, function: Any, abi: KernelABI = DEFAULT_ABI) -> _DriverLauncher | None:
         """Return a launcher for a CuPy ``Function``, or None where the driver is unreachable."""
         ptr = getattr(function, "ptr", None)
         if not ptr or cls._driver() is None:
             return None
-        return cls(int(ptr))
+        return cls(int(ptr), abi)
 
     @classmethod
     def _driver(cls) -> Any:
@@ -114,7 +117,7 @@ class _DriverLauncher:
             cls._cuda = lib
             fn.restype = ctypes.c_int  # no argtypes: see the class docstring
             # No argtypes here either: workspace passes ready ctypes objects (the conversion
-            # took 1.3 of the query's 1.8 us on the dev machine, against a no-op library).
+            # took 1.3 of the query's 1.8 us, timed against a no-op library).
             lib.cuStreamIsCapturing.restype = ctypes.c_int
             cls._lib = fn
         return cls._lib
@@ -123,23 +126,30 @@ class _DriverLauncher:
         """This thread's (parameter buffer, array of pointers into it)."""
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
-            buf = (ctypes.c_uint64 * (_PARAMS.size // 8))()  # 8-byte aligned
+            buf = (ctypes.c_uint64 * self._words)()  # 8-byte aligned
             base = ctypes.addressof(buf)
-            params = (ctypes.c_void_p * len(_PARAM_OFFSETS))(*(base + o for o in _PARAM_OFFSETS))
+            params = (ctypes.c_void_p * len(self._offsets))(*(base + o for o in self._offsets))
             bufs = self._local.bufs = (buf, params)
         return bufs
 
-    def __call__(
-        self, grid: int, block: int, smem: int, stream_ptr: int,
-        x: int, w: int, b: int, y: int, rows: int, eps: float, work: int,
+    def launch(
+        self, grid: int, block: int, smem: int, stream_ptr: int, args: tuple, work: int
     ) -> int:
-        """Launch; return the CUresult (0 on success)."""
+        """Launch with the kernel's parameters ``args`` and workspace pointer ``work``.
+
+        ``work`` is packed for every kernel (0 for one without a workspace, which never reads
+        it): one pack, no branch. Returns the CUresult (0 on success).
+        """
         buf, params = self._buffers()
-        _PARAMS.pack_into(buf, 0, x, w, b, y, rows, eps, work)
+        self._pack(buf, 0, *args, work)
         stream = _STREAM_ARGS.get(stream_ptr)  # a dict lookup: ~40 ns, a call ~100 ns
         if stream is None:
             stream = stream_arg(stream_ptr)
         return self._lib(self._fn, grid, 1, 1, block, 1, 1, smem, stream, params, None)
+
+    def __call__(self, grid: int, block: int, smem: int, stream_ptr: int, *values: Any) -> int:
+        """Launch with the values one by one: the parameters, then the workspace pointer."""
+        return self.launch(grid, block, smem, stream_ptr, values[:-1], values[-1])
 
 
 def driver_library() -> Any:
@@ -162,8 +172,8 @@ def resident_clusters(function: Any, plan: LaunchPlan, sm_count: int) -> int | N
     """Clusters (blocks, without a cluster) of a kernel that can be resident at once, or None.
 
     Asked of the driver for the current device: for clusters, the GPC layout decides (clusters
-    of 4 blocks fit only 30 at a time on a 132-SM H200, measured 2026-11-29), which a count of
-    blocks per SM cannot tell. None where the driver cannot be asked; the plan then assumes
+    of 4 blocks fit only 30 at a time on a 132-SM H200), which a count of blocks per SM cannot
+    tell. None where the driver cannot be asked; the plan then assumes
     ``blocks_per_sm`` blocks on every SM.
     """
     lib = driver_library()
@@ -184,6 +194,7 @@ def resident_clusters(function: Any, plan: LaunchPlan, sm_count: int) -> int | N
     if code != 0 or count.value <= 0:
         return None
     return count.value * sm_count
+
 
 # CUresult codes after which the CuPy path is tried: no current context (201, 6) or a handle of
 # another context (400) on this thread.

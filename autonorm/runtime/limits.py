@@ -1,10 +1,8 @@
-"""The search space: problems, kernel configurations, validity rules and enumeration.
+"""The device properties that decide which kernels are valid, and how they launch.
 
-A :class:`Problem` is what the user asks for (hidden size, dtype, affine flags). A
-:class:`KernelConfig` is one point of the template family. :func:`check` says why a
-configuration cannot run a problem on a device, before anything is compiled;
-:func:`enumerate_space` lists every valid configuration and :func:`default_config` picks a sound
-one for any hidden size without tuning.
+:class:`DeviceLimits` is what a family's validity rules and launch plans read; :data:`H200` is
+the device a machine without a GPU renders and checks kernels for.
+:meth:`autonorm.runtime.device.DeviceInfo.limits` gives a real GPU's.
 
 Pure logic: no CuPy, no GPU.
 """
@@ -31,5 +29,6 @@ class DeviceLimits:
     def arch(self) -> str:
         """The NVRTC/nvcc architecture name, e.g. ``sm_90``."""
         return f"sm_{self.cc}"
+
 
 H200 = DeviceLimits()

@@ -1,13 +1,9 @@
-"""Compile rendered kernels: NVRTC through CuPy at run time, nvcc offline.
+"""Compile rendered kernels offline with nvcc, on a machine without a GPU.
 
-Run time: :func:`compile_kernel` builds a :class:`CompiledKernel` with ``cupy.RawModule``.
-Modules are cached in this process (keyed by source hash, arch and CUDA version) and on disk by
-CuPy's kernel cache (``CUPY_CACHE_DIR``, keyed by source, options, arch and NVRTC version), so a
-second process loads the cubin instead of compiling again. :func:`precompile` warms that disk
-cache from a pool of processes, so a tuner's GPU does not wait on NVRTC.
-
-Offline: :func:`compile_offline` compiles many kernels for a named arch with nvcc on a machine
-without a GPU and reports registers, shared memory and spills from ``-Xptxas -v``.
+:func:`compile_offline` compiles many kernels for a named arch in one nvcc run and reports each
+one's registers, shared memory and spills from ``-Xptxas -v`` (:func:`parse_ptxas`): the sweeps
+behind the register rules (docs/registers.md) and the CPU tests that every valid configuration
+compiles without spills. Run-time compilation (NVRTC) is :mod:`autonorm.runtime.compiler`'s.
 """
 
 from __future__ import annotations
@@ -19,10 +15,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autonorm.codegen.kernel import RenderedKernel
 from autonorm.errors import CompileError
 from autonorm.runtime.compiler import _DIAG
+
+if TYPE_CHECKING:
+    from autonorm.codegen.kernel import RenderedKernel
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,7 @@ class PtxasReport:
     def spills(self) -> bool:
         """True when the kernel uses local memory for spills or a stack frame."""
         return bool(self.spill_stores or self.spill_loads or self.stack_frame)
+
 
 _FUNC_RE = re.compile(r"Function properties for (\w+)")
 

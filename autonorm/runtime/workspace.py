@@ -2,17 +2,18 @@
 
 The bulk-copy kernel hands its row tiles to whichever cluster asks next through a counter in
 global memory (two uint32: tiles claimed, clusters done), which the last cluster out of a launch
-zeroes again (``templates/layernorm_bulk.cu.j2``). Launches that share a counter must therefore
-not overlap.
+zeroes again (docs/bulk-kernel.md). Launches that share a counter must therefore not overlap.
+Any kernel whose parameter list ends with a workspace (``KernelABI.workspace``) gets its counter
+from here.
 
 - Work on one stream never overlaps, so each stream gets its own counter.
 - A launch captured into a CUDA graph gets a counter of its own, taken from a zeroed page and
   never handed out again: a graph may be replayed on any stream, alongside anything, but CUDA
   orders each replay of one instantiated graph behind the previous one, and every replay leaves
   the counter zeroed for the next. The counter lives as long as the process (8 bytes a captured
-  launch), because nothing tells autonorm when the graph is destroyed. Before this, captured
-  launches took the static schedule: 2-7% slower at the bulk kernel's sizes on an H200
-  (benchmarks/NOTES.md 57 and 91).
+  launch), because nothing tells autonorm when the graph is destroyed. A captured launch with
+  the static schedule instead runs 2-7% slower at the bulk kernel's sizes on an H200
+  (docs/bulk-kernel.md).
 - Where the capture state cannot be asked, or a page cannot be had, the answer is none (0):
   the kernel then takes the static schedule, which is only slower, never wrong.
 
@@ -26,7 +27,7 @@ import ctypes
 import threading
 from typing import Any
 
-# compiler imports this module too; neither uses the other's names at import time, and an
+# The ctypes binding lives in driver, which imports neither this module nor compiler; an
 # import inside the capture query cost 0.3 us a query.
 from autonorm.runtime import driver
 
@@ -60,7 +61,7 @@ def capture_status(stream_ptr: int) -> int:
 
     Asked on every launch of a bulk kernel, so the ctypes objects are made once: the stream's
     ``c_void_p`` (``driver.stream_arg``) and this thread's status cell and pointer. Building
-    them per call took 1.8 us a query on the dev machine (against a no-op library).
+    them per call took 1.8 us a query (timed against a no-op library).
     """
     lib = driver.driver_library()
     if lib is None:

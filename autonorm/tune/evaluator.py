@@ -1,28 +1,80 @@
-"""The GPU evaluator: render, compile, verify, then time one candidate.
+"""The GPU evaluator: render, compile, verify, then time one candidate of any kernel family.
 
-It implements the tuner's ``Evaluator`` contract (:mod:`autonorm.tuner`). A candidate's own
-failure never raises: it comes back as an :class:`~autonorm.results.Outcome` with its class.
+:class:`GpuEvaluator` implements the tuner's evaluator contract
+(:class:`autonorm.tune.search.Evaluator`). A candidate's own failure never raises: it comes back
+as an :class:`~autonorm.results.Outcome` with its class.
+
+The evaluator knows a family only through :mod:`autonorm.ops.registry` and the Family protocol:
+the family renders a candidate, states its parameter list (for the runtime's launch) and builds
+the :class:`Workload`, which holds the GPU inputs, launches a kernel on them and verifies it.
+The timing protocol is :mod:`autonorm.runtime.timing`'s, the same for every family.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from autonorm.errors import CompileError, ConfigError, LaunchError
-from autonorm.numerics import from_float64
-from autonorm.ops import layer_norm as codegen
-from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.problem import Problem
-from autonorm.ops.layer_norm.verify import verify
+from autonorm.ops import registry
+from autonorm.ops.base import Config, Problem
 from autonorm.results import Outcome, Timing
-from autonorm.runtime import compiler, workspace
-from autonorm.tune import bench
+from autonorm.runtime import compiler, timing
+
+
+class Verification(Protocol):
+    """What verifying one kernel found (a family's verification result)."""
+
+    ok: bool
+
+    @property
+    def max_rel_err(self) -> float:
+        """The worst relative L2 error over the verification cases."""
+        ...
+
+    def summary(self) -> str:
+        """One line naming what failed (``ok`` when nothing did)."""
+        ...
+
+
+class Workload(Protocol):
+    """A family's GPU inputs for one problem and row count (``Family.workload``).
+
+    Attributes:
+        nbytes: bytes one launch must move (GB/s and the share divide by it).
+        n_sets: rotated input sets, together more than 3x the L2
+            (:func:`autonorm.runtime.timing.rotation_count`); a launch takes one by index.
+    """
+
+    nbytes: int
+    n_sets: int
+
+    def launch(self, kernel: compiler.CompiledKernel, index: int, stream_ptr: int) -> None:
+        """Enqueue one launch of ``kernel`` on input set ``index`` on the given stream."""
+        ...
+
+    def verify(self, kernel: compiler.CompiledKernel) -> Verification:
+        """Run ``kernel`` on the family's verification cases and check it against float64.
+
+        Raises:
+            autonorm.errors.LaunchError: a launch failed (the evaluator classifies it).
+        """
+        ...
 
 
 class GpuEvaluator:
-    """Evaluates candidates for one problem and row count on one GPU."""
+    """Evaluates candidates for one problem and row count on one GPU.
+
+    Args:
+        problem: what the kernels compute (its family is looked up by its op).
+        rows: rows of the timed input.
+        device_id: the GPU.
+        pool: compiles candidates ahead of their turn (:meth:`prepare`); None compiles here.
+        samples: timed batches per back-to-back timing.
+        seed: seed of the family's random inputs.
+    """
 
     def __init__(
         self,
@@ -34,51 +86,34 @@ class GpuEvaluator:
         samples: int = 25,
         seed: int = 0,
     ) -> None:
-        """Allocate rotated inputs for ``rows`` x ``problem.hidden`` and measure copy speed."""
-        import cupy
-        import numpy as np
-
         from autonorm.runtime.device import query_device
 
         self.problem = problem
         self.rows = rows
         self.device_id = device_id
+        self.family = registry.family_of(problem)
         self.info = query_device(device_id)
         self.limits = self.info.limits()
         self.pool = pool
         self.samples = samples
-        self.copy_gbps = bench.copy_bandwidth_gbps(device_id)
-        # One tile counter for every launch here, graph-captured ones too (the bulk kernel's
-        # dynamic schedule, as dispatch runs it): these launches never overlap.
-        self._work = workspace.new_counter(device_id)
-        self._kernels: dict[KernelConfig, Any] = {}
-        self._rendered: dict[KernelConfig, codegen.RenderedKernel] = {}
-        self.nbytes = bench.bytes_moved(
-            rows, problem.hidden, problem.itemsize,
-            int(problem.has_weight) + int(problem.has_bias),
+        self.copy_gbps = timing.copy_bandwidth_gbps(device_id)
+        self.workload: Workload = self.family.workload(
+            problem, rows, device_id=device_id, seed=seed
         )
-        per_set = 2 * rows * problem.hidden * problem.itemsize
-        self.n_sets = bench.rotation_count(per_set, self.info.l2_bytes)
-        rng = np.random.default_rng(seed)
-        with cupy.cuda.Device(device_id):
-            base = rng.standard_normal((rows, problem.hidden))
-            x0 = cupy.asarray(from_float64(base, problem.dtype))
-            # Each set is a different permutation of rows: real data, never zeros, cheap to make.
-            self._xs = [x0] + [cupy.roll(x0, k + 1, axis=0) for k in range(self.n_sets - 1)]
-            self._ys = [cupy.empty_like(x0) for _ in range(self.n_sets)]
-            w = from_float64(1.0 + 0.1 * rng.standard_normal(problem.hidden), problem.dtype)
-            b = from_float64(0.1 * rng.standard_normal(problem.hidden), problem.dtype)
-            self._w = cupy.asarray(w) if problem.has_weight else None
-            self._b = cupy.asarray(b) if problem.has_bias else None
+        self.nbytes = self.workload.nbytes
+        self.n_sets = self.workload.n_sets
+        self._kernels: dict[Config, Any] = {}
+        self._rendered: dict[Config, Any] = {}
 
-    def _render(self, config: KernelConfig) -> codegen.RenderedKernel:
+    def _render(self, config: Config) -> Any:
         # prepare() and _compile() both need it: render each candidate once.
         rendered = self._rendered.get(config)
         if rendered is None:
-            rendered = self._rendered[config] = codegen.render(config, self.problem, self.limits)
+            rendered = self.family.render(config, self.problem, self.limits)
+            self._rendered[config] = rendered
         return rendered
 
-    def prepare(self, configs: Sequence[KernelConfig]) -> None:
+    def prepare(self, configs: Sequence[Config]) -> None:
         """Start compiling ``configs`` in the pool (no-op without a pool)."""
         if self.pool is None:
             return
@@ -88,7 +123,7 @@ class GpuEvaluator:
             except ConfigError:
                 continue
 
-    def _compile(self, config: KernelConfig) -> Any:
+    def _compile(self, config: Config) -> Any:
         kernel = self._kernels.get(config)
         if kernel is None:
             rendered = self._render(config)
@@ -96,32 +131,24 @@ class GpuEvaluator:
                 error = self.pool.wait(rendered)
                 if error:
                     raise CompileError(error)
-            kernel = compiler.compile_kernel(rendered, self.device_id)
+            abi = self.family.kernel_abi(rendered)
+            kernel = compiler.compile_kernel(rendered, self.device_id, abi)
             self._kernels[config] = kernel
         return kernel
 
     def _launcher(self, kernel: Any) -> Any:
-        wp = 0 if self._w is None else self._w.data.ptr
-        bp = 0 if self._b is None else self._b.data.ptr
-        xs = [x.data.ptr for x in self._xs]
-        ys = [y.data.ptr for y in self._ys]
-        rows = self.rows
-        work = self._work.data.ptr
+        """``launch(i, stream_ptr)`` for the timers: one launch of ``kernel`` on set ``i``."""
+        return functools.partial(self.workload.launch, kernel)
 
-        def launch(i: int, stream_ptr: int) -> None:
-            kernel.launch(xs[i], wp, bp, ys[i], rows, 1e-5, stream_ptr, work_ptr=work)
-
-        return launch
-
-    def time(self, config: KernelConfig, samples: int | None = None) -> Timing:
+    def time(self, config: Config, samples: int | None = None) -> Timing:
         """Time an already verified configuration."""
         kernel = self._compile(config)
-        return bench.time_launches(
+        return timing.time_launches(
             self._launcher(kernel), self.nbytes, self.n_sets,
             samples=samples or self.samples, copy_gbps=self.copy_gbps,
         )
 
-    def evaluate(self, config: KernelConfig) -> Outcome:
+    def evaluate(self, config: Config) -> Outcome:
         """Compile, verify against float64, then time ``config``."""
         try:
             kernel = self._compile(config)
@@ -133,7 +160,7 @@ class GpuEvaluator:
         if local:
             return Outcome("compile", error=f"uses {local} bytes of local memory (spills)")
         try:
-            result = verify(kernel, self.problem)
+            result = self.workload.verify(kernel)
         except LaunchError as exc:
             return Outcome("launch", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - CUDA errors surface as several types
@@ -141,33 +168,33 @@ class GpuEvaluator:
         if not result.ok:
             return Outcome("verification", error=result.summary(), max_rel_err=result.max_rel_err)
         try:
-            timing = self.time(config)
+            measured = self.time(config)
         except Exception as exc:  # noqa: BLE001
             return Outcome("launch", error=f"{type(exc).__name__}: {exc}")
-        return Outcome("ok", timing=timing, max_rel_err=result.max_rel_err)
+        return Outcome("ok", timing=measured, max_rel_err=result.max_rel_err)
 
     def retimes_in_single_launches(self) -> bool:
         """True where the finals time single launches (a launch of at least SINGLE_FROM_S)."""
-        return self.nbytes / (self.copy_gbps * 1e9) >= bench.SINGLE_FROM_S
+        return self.nbytes / (self.copy_gbps * 1e9) >= timing.SINGLE_FROM_S
 
-    def time_single(self, config: KernelConfig, samples: int = 20) -> Timing:
+    def time_single(self, config: Config, samples: int = 20) -> Timing:
         """Time an already verified configuration as single launches after an L2 flush.
 
         Its share is of a copy of the same bytes timed the same way.
         """
         kernel = self._compile(config)
-        flush_bytes = bench.FLUSH_L2_MULTIPLE * self.info.l2_bytes
-        copy = bench.single_copy_gbps(self.device_id, self.nbytes, flush_bytes)
-        return bench.time_single_launches(
+        flush_bytes = timing.FLUSH_L2_MULTIPLE * self.info.l2_bytes
+        copy = timing.single_copy_gbps(self.device_id, self.nbytes, flush_bytes)
+        return timing.time_single_launches(
             self._launcher(kernel), self.nbytes, self.n_sets, flush_bytes=flush_bytes,
             samples=samples, copy_gbps=copy,
         )
 
-    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Timing]:
+    def retime(self, configs: Sequence[Config], rounds: int) -> list[Timing]:
         """Re-time ``configs`` interleaved (round-robin) ``rounds`` times; median of rounds.
 
-        Problems whose launch takes at least ``bench.SINGLE_FROM_S`` are timed as single
-        launches after an L2 flush (see :mod:`autonorm.bench`); shorter ones back to back.
+        Problems whose launch takes at least ``timing.SINGLE_FROM_S`` are timed as single
+        launches after an L2 flush (see :mod:`autonorm.runtime.timing`); shorter ones back to back.
         The cv is the spread of the rounds' medians; back to back, also at least a round's own
         (a sample there is already a batch's mean), while a single launch's jitter (p20-p80
         about 2.4% at bf16 32768 in the peers' run) says little about a median of 20.
@@ -176,7 +203,7 @@ class GpuEvaluator:
         if single:
             time_one = self.time_single
         else:
-            def time_one(config: KernelConfig) -> Timing:
+            def time_one(config: Config) -> Timing:
                 return self.time(config, samples=max(5, self.samples // 3))
 
         per: list[list[Timing]] = [[] for _ in configs]

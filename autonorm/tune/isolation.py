@@ -3,15 +3,16 @@
 A CUDA kernel that faults (an illegal address, an illegal instruction) leaves the CUDA context of
 its process unusable for good: every later launch, copy or free in that process fails too. The
 tuner runs kernels nobody has run before, so :class:`IsolatedEvaluator` keeps the real evaluator
-(:class:`~autonorm.evaluator.GpuEvaluator` by default) in a child process and replaces the child
-when a candidate kills it, runs past its time limit, or fails to launch. The tuner sees an
-ordinary :class:`~autonorm.tuner.Evaluator`: the candidate is recorded as a ``launch`` failure
+(:class:`~autonorm.tune.evaluator.GpuEvaluator` by default) in a child process and replaces the
+child when a candidate kills it, runs past its time limit, or fails to launch. The tuner sees an
+ordinary :class:`~autonorm.tune.search.Evaluator`: the candidate is recorded as a ``launch`` failure
 (final, never measured again) and the study goes on in a fresh child. Every launch failure
 replaces the child, even one that may have left the context usable (too many resources
 requested): launch failures are rare, and a new child costs a few seconds.
 
 The child is spawned (CUDA does not survive a fork), builds its evaluator from a picklable
-factory (a module-level function and its arguments), and answers requests over a pipe. It runs
+factory (a module-level function and its arguments), and answers requests over a pipe
+(:mod:`autonorm.tune.evaluator_process`). It runs
 in a process group of its own, so a Ctrl-C reaches only the parent (which records the candidate
 as interrupted, not failed), and killing the group also ends the compile processes it started.
 """
@@ -22,16 +23,15 @@ import multiprocessing
 import os
 import signal
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import util
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from autonorm.errors import AutonormError, LaunchError
-from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.problem import Problem
+from autonorm.errors import AutonormError
+from autonorm.ops.base import Config, Problem
 from autonorm.results import Outcome, Timing
+from autonorm.tune.evaluator_process import CUDA, OK, READY, serve
 
 __all__ = ["DEFAULT_TIMEOUT_S", "IsolatedEvaluator", "build_gpu_evaluator"]
 
@@ -45,25 +45,17 @@ DEFAULT_START_TIMEOUT_S = 300.0
 # A worker asked to stop may still be finishing a compile in its pool; then it is killed.
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
 
-_READY = "ready"
-
-_OK = "ok"
-
-_CUDA = "cuda"  # the evaluator raised a CUDA error: a launch failure, the context is suspect
-
-_RAISED = "raised"  # the evaluator raised anything else: a bug, reported to the caller
-
 
 def build_gpu_evaluator(problem: Problem, rows: int, device_id: int = 0) -> Any:
     """Build the real evaluator with its own compile pool (the default factory, run in the child).
 
     Args:
-        problem: what the kernels normalize.
+        problem: what the kernels compute (any registered family's problem: picklable).
         rows: rows of the timed input.
         device_id: the GPU, as the child sees it.
 
     Returns:
-        A :class:`~autonorm.evaluator.GpuEvaluator`.
+        A :class:`~autonorm.tune.evaluator.GpuEvaluator`.
 
     """
     from autonorm.runtime.compiler import CompilePool
@@ -81,7 +73,7 @@ class _WorkerLost(Exception):
 
 
 class IsolatedEvaluator:
-    """An :class:`~autonorm.tuner.Evaluator` that runs the real one in a replaceable child.
+    """An :class:`~autonorm.tune.search.Evaluator` that runs the real one in a replaceable child.
 
     :meth:`evaluate` never raises for a candidate's own failure: a child that dies, hangs past
     ``timeout_s`` or reports a launch failure (its CUDA context may be poisoned) gives
@@ -134,18 +126,18 @@ class IsolatedEvaluator:
         self._finalizer: util.Finalize | None = None
         self._started = 0
         # Prepared but not yet evaluated: a replacement child is asked to compile them again.
-        self._pending: list[KernelConfig] = []
+        self._pending: list[Config] = []
         self.copy_gbps = self._start()
 
     # ------------------------------------------------------------------ the Evaluator protocol
 
-    def prepare(self, configs: Sequence[KernelConfig]) -> None:
+    def prepare(self, configs: Sequence[Config]) -> None:
         """Ask the child to compile ``configs`` ahead (no reply awaited; never raises)."""
         self._pending = list(configs)
         if self._conn is not None:
             self._send_quietly(("prepare", list(configs)))
 
-    def evaluate(self, config: KernelConfig) -> Outcome:
+    def evaluate(self, config: Config) -> Outcome:
         """Evaluate ``config`` in the child; a dead, hung or faulted child becomes a launch failure.
 
         Raises:
@@ -166,17 +158,17 @@ class IsolatedEvaluator:
             else:
                 error = f"worker died while evaluating {label}: {exc}"
             return Outcome("launch", error=error + "; the worker was replaced")
-        if kind == _OK:
+        if kind == OK:
             outcome = payload
             if isinstance(outcome, Outcome) and outcome.status == "launch":
                 self._stop()  # a fault poisons the child's CUDA context for good
             return outcome
         self._stop()
-        if kind == _CUDA:
+        if kind == CUDA:
             return Outcome("launch", error=f"{payload} (evaluating {label})")
         raise AutonormError(f"the evaluator raised while evaluating {label}:\n{payload}")
 
-    def retime(self, configs: Sequence[KernelConfig], rounds: int) -> list[Timing]:
+    def retime(self, configs: Sequence[Config], rounds: int) -> list[Timing]:
         """Re-time ``configs`` in the child (see :meth:`GpuEvaluator.retime`).
 
         Raises:
@@ -193,7 +185,7 @@ class IsolatedEvaluator:
                 f"the evaluator worker failed while re-timing {len(configs)} configurations: "
                 f"{exc}"
             ) from None
-        if kind == _OK:
+        if kind == OK:
             return payload
         self._stop()
         raise AutonormError(f"re-timing {len(configs)} configurations failed:\n{payload}")
@@ -221,7 +213,7 @@ class IsolatedEvaluator:
         """Start a child and wait until its evaluator is built; return its copy bandwidth."""
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
-            target=_serve,
+            target=serve,
             args=(child_conn, self.factory, self.args, self.kwargs),
             name="autonorm-evaluator",
         )
@@ -243,7 +235,7 @@ class IsolatedEvaluator:
         except BaseException:
             self._stop(kill=True)
             raise
-        if kind != _READY:
+        if kind != READY:
             self._stop()
             raise AutonormError(f"the evaluator worker could not start:\n{payload}")
         if self._pending:
@@ -361,100 +353,3 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             pass
     return f"exit code {code}"
-
-
-def _serve(
-    conn: Connection, factory: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
-) -> None:
-    """Entry point of the child: build the evaluator, then answer requests until told to stop."""
-    _leave_parent_group()
-    try:
-        evaluator = factory(*args, **kwargs)
-        copy_gbps = float(getattr(evaluator, "copy_gbps", 0.0) or 0.0)
-    except BaseException as exc:  # noqa: BLE001 - anything that stops the start is reported
-        _send_or_exit(conn, (_RAISED, _format(exc)))
-        return
-    try:
-        _send_or_exit(conn, (_READY, copy_gbps))
-        while True:
-            try:
-                request = conn.recv()
-            except (EOFError, OSError):
-                return  # the parent is gone
-            kind = request[0]
-            if kind == "close":
-                return
-            if kind == "prepare":
-                try:
-                    evaluator.prepare(request[1])
-                except Exception:  # noqa: BLE001 - evaluate() reports a config's failure
-                    pass
-                continue
-            _send_or_exit(conn, _answer(evaluator, request))
-    finally:
-        _close_evaluator(evaluator)
-
-
-def _answer(evaluator: Any, request: tuple) -> tuple[str, Any]:
-    """Run one evaluate or retime request and build its reply."""
-    try:
-        if request[0] == "evaluate":
-            return _OK, evaluator.evaluate(request[1])
-        if request[0] == "retime":
-            return _OK, evaluator.retime(request[1], request[2])
-        raise ValueError(f"unknown request {request[0]!r}")
-    except Exception as exc:  # noqa: BLE001 - the parent decides what the error means
-        if _is_cuda_error(exc):
-            return _CUDA, f"{type(exc).__name__}: {exc}"
-        return _RAISED, _format(exc)
-
-
-def _leave_parent_group() -> None:
-    """Move into a process group of our own, where the platform has them.
-
-    A Ctrl-C in the terminal then reaches the parent only (it records the candidate as
-    interrupted and kills us), instead of killing us mid-candidate, which would read as a
-    failure of the candidate. Processes we start (the compile pool) inherit the group.
-    """
-    # Ignored signals stay ignored in the compile pool's processes too (exec keeps SIG_IGN).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "SIGTTOU"):
-        # A background group that writes to a terminal set to `stty tostop` would be stopped.
-        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    if hasattr(os, "setpgid"):
-        try:
-            os.setpgid(0, 0)
-        except OSError:
-            pass  # still isolated from Ctrl-C by SIG_IGN; only the pool may outlive a kill
-
-
-def _send_or_exit(conn: Connection, message: tuple) -> None:
-    """Send a reply; if the parent is gone there is no one to serve, so exit quietly."""
-    try:
-        conn.send(message)
-    except (OSError, EOFError):
-        raise SystemExit(0) from None
-
-
-def _is_cuda_error(exc: BaseException) -> bool:
-    """True for the errors a CUDA failure raises (CuPy's, CUDA Python's, our LaunchError)."""
-    if isinstance(exc, LaunchError):
-        return True
-    module = type(exc).__module__ or ""
-    return module.split(".", 1)[0] in ("cupy", "cupy_backends", "cuda")
-
-
-def _format(exc: BaseException) -> str:
-    """The exception and its traceback, as text (exceptions of CuPy may not pickle)."""
-    return "".join(traceback.format_exception(exc)).rstrip()
-
-
-def _close_evaluator(evaluator: Any) -> None:
-    """Release what the evaluator holds: its own close() if any, else its compile pool."""
-    close = getattr(evaluator, "close", None)
-    if callable(close):
-        close()
-        return
-    pool = getattr(evaluator, "pool", None)
-    if pool is not None:
-        pool.close()

@@ -1,7 +1,10 @@
-"""Render a (KernelConfig, Problem) into CUDA C++ source and its launch plan.
+"""Render a LayerNorm kernel: a (KernelConfig, Problem) into CUDA C++ source and its launch plan.
 
-Rendering is pure and deterministic: the same inputs give the same bytes, on any machine, with
-no GPU. Compiling is :mod:`autonorm.compiler`'s job.
+:func:`render` checks the configuration, takes the plan the check judged
+(:func:`autonorm.ops.layer_norm.rules.require_valid`) and formats it into the row kernel's
+template or the bulk-copy kernel's: it derives nothing itself. Rendering is pure and
+deterministic: the same inputs give the same bytes, on any machine, with no GPU. Compiling is
+:mod:`autonorm.runtime.compiler`'s job.
 """
 
 from __future__ import annotations
@@ -16,30 +19,19 @@ from autonorm import __version__
 from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.plan import (
-    SCRATCH_SMEM,
-    bulk_occupancy,
-    bulk_stage_bytes,
-    derive_shape,
-    fills_async,
-    fuses_passes,
-    holds_fp32_row,
-    holds_fp32_tile,
-    min_blocks_per_sm,
-    prefetches,
-    smem_bytes,
-    unrolls_store,
-)
+from autonorm.ops.layer_norm.plan import Plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import require_valid
+from autonorm.ops.layer_norm.shape import SCRATCH_SMEM
 from autonorm.runtime.limits import H200, DeviceLimits
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "layer_norm_fwd.cu.j2"
 BULK_TEMPLATE = "layer_norm_bulk.cu.j2"  # cache="bulk": rows fetched by the bulk-copy engine
 
-# The templates that make a kernel's device code. Tuned results are keyed by their hash; the
-# export launcher templates are host code and do not change what was measured.
+# The templates that make a kernel's device code: the two kernels and every template they
+# import, from this folder or the shared one. code_version() hashes them to name the studies of
+# a search; the export launcher templates are host code and do not change what is measured.
 KERNEL_TEMPLATES = (
     "layer_norm_fwd.cu.j2",
     "reduce.cuh.j2",
@@ -66,65 +58,76 @@ def template_environment() -> jinja2.Environment:
     return environment(TEMPLATE_DIR)
 
 
+def template_path(name: str) -> Path:
+    """Return the file of template ``name``, as the environment finds it (family, then shared)."""
+    env = template_environment()
+    return Path(env.loader.get_source(env, name)[1])
+
+
 @functools.lru_cache(maxsize=1)
 def templates_hash() -> str:
-    """Return a 12-hex hash of the kernel templates (part of the tuning DB key)."""
+    """Return a 12-hex hash of the kernel templates (names the studies of a search)."""
     digest = hashlib.sha256()
     for name in sorted(KERNEL_TEMPLATES):
-        path = environment(TEMPLATE_DIR).loader.get_source(environment(TEMPLATE_DIR), name)[1]
-        path = Path(path)
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
+        digest.update(name.encode())
+        digest.update(template_path(name).read_bytes())
     return digest.hexdigest()[:12]
 
 
 def code_version() -> str:
-    """Return the version string that keys tuned results: package version + template hash."""
+    """Return the package version and the kernel templates' hash, e.g. ``0.1.0+96473fff10af``."""
     return f"{__version__}+{templates_hash()}"
 
 
-def kernel_name(config_: KernelConfig, problem: Problem) -> str:
+def kernel_name(config: KernelConfig, problem: Problem) -> str:
     """Return the unique, deterministic C name of a kernel."""
-    text = repr((sorted(config_.to_dict().items()), problem))
+    text = repr((sorted(config.to_dict().items()), problem))
     return "autonorm_ln_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def render(
-    config_: KernelConfig,
+    config: KernelConfig,
     problem: Problem,
     device: DeviceLimits | None = None,
     *,
     allow_unstable: bool = False,
 ) -> RenderedKernel:
-    """Render the kernel for ``config_`` on ``problem``.
+    """Render the kernel for ``config`` on ``problem``.
 
     Args:
-        config_: the kernel configuration.
+        config: the kernel configuration.
         problem: hidden size, dtype and affine flags.
         device: limits to validate against (H200 when None).
         allow_unstable: allow the deliberately unstable ``naive`` statistics (verifier tests).
 
     Raises:
-        autonorm.space.ConfigError: the configuration is invalid for the problem.
+        autonorm.errors.ConfigError: the configuration is invalid for the problem.
 
     """
-    if device is None:
-        require_valid(config_, problem, allow_unstable=allow_unstable)
-    else:
-        require_valid(config_, problem, device, allow_unstable=allow_unstable)
-    shape = derive_shape(config_, problem)
-    name = kernel_name(config_, problem)
-    bulk = config_.cache == "bulk"
-    ftile = holds_fp32_tile(config_, problem)
-    if bulk:
-        min_blocks, wreg = bulk_occupancy(config_, problem, device or H200)
-        wreg = wreg and not ftile
-    else:
-        min_blocks, wreg = min_blocks_per_sm(config_, problem, device or H200), False
-    context = {
+    plan = require_valid(config, problem, device or H200, allow_unstable=allow_unstable)
+    name = kernel_name(config, problem)
+    template = BULK_TEMPLATE if plan.bulk else TEMPLATE
+    source = template_environment().get_template(template).render(**_context(plan, name))
+    launch = LaunchPlan(
+        threads=config.threads,
+        smem_bytes=plan.smem_bytes,
+        cluster=config.cluster,
+        rows_per_block=config.rows_per_block,
+        # The bulk kernel's persistent grid is sized by its occupancy, the row kernel's by the
+        # configuration (0: a block per row tile).
+        blocks_per_sm=plan.min_blocks if plan.bulk else config.blocks_per_sm,
+        resident=plan.bulk,
+    )
+    return RenderedKernel(name, source, config, problem, launch)
+
+
+def _context(plan: Plan, name: str) -> dict[str, object]:
+    """The template's names, formatted from ``plan`` (see the templates for their meaning)."""
+    config, problem, shape = plan.config, plan.problem, plan.shape
+    return {
         "name": name,
         "ns": name + "_ns",
-        "label": config_.label(),
+        "label": config.label(),
         "version": code_version(),
         "dtype": problem.dtype,
         "ctype": _CTYPES[problem.dtype],
@@ -136,38 +139,28 @@ def render(
         "has_bias": problem.has_bias,
         "N": problem.hidden,
         "SEG": shape.segment,
-        "NVEC": shape.segment // config_.vec,
-        "V": config_.vec,
+        "NVEC": shape.vectors,
+        "V": config.vec,
         "G": shape.threads_per_row,
-        "R": config_.rows_per_block,
-        "C": config_.cluster,
+        "R": config.rows_per_block,
+        "C": config.cluster,
         "ITERS": shape.iters,
         "EVEN": shape.even,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
-        "threads": config_.threads,
-        "ONE_PASS": fuses_passes(config_, problem),
-        "min_blocks": min_blocks,
-        "cache": config_.cache,
-        "PREFETCH": prefetches(config_),
-        "FCACHE": holds_fp32_row(config_, problem),
-        "ASYNC_FILL": fills_async(config_, problem, device or H200),
-        "UNROLL_STORE": unrolls_store(config_, problem, device or H200),
-        "stats": config_.stats,
+        "threads": config.threads,
+        "ONE_PASS": plan.fused_passes,
+        "min_blocks": plan.min_blocks,
+        "cache": config.cache,
+        "PREFETCH": plan.prefetch,
+        "FCACHE": plan.fp32_row,
+        "ASYNC_FILL": plan.async_fill,
+        "UNROLL_STORE": plan.unrolled_store,
+        "stats": config.stats,
         "scratch_bytes": SCRATCH_SMEM,
-        "STAGES": config_.stages,
-        "KEEP_X": config_.keep_x,
-        "WREG": wreg,
-        "FTILE": ftile,
-        "stage_bytes": bulk_stage_bytes(config_, problem),
+        "STAGES": config.stages,
+        "KEEP_X": config.keep_x,
+        "WREG": plan.weights_in_registers,
+        "FTILE": plan.fp32_tile,
+        "DEFER": plan.deferred_refill,
+        "stage_bytes": plan.stage_bytes,
     }
-    template = BULK_TEMPLATE if bulk else TEMPLATE
-    source = template_environment().get_template(template).render(**context)
-    plan = LaunchPlan(
-        threads=config_.threads,
-        smem_bytes=smem_bytes(config_, problem),
-        cluster=config_.cluster,
-        rows_per_block=config_.rows_per_block,
-        blocks_per_sm=min_blocks if bulk else config_.blocks_per_sm,
-        resident=bulk,
-    )
-    return RenderedKernel(name, source, config_, problem, plan)

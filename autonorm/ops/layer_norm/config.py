@@ -1,10 +1,8 @@
-"""The search space: problems, kernel configurations, validity rules and enumeration.
+"""One point of the LayerNorm template family: :class:`KernelConfig` and the domain of each field.
 
-A :class:`Problem` is what the user asks for (hidden size, dtype, affine flags). A
-:class:`KernelConfig` is one point of the template family. :func:`check` says why a
-configuration cannot run a problem on a device, before anything is compiled;
-:func:`enumerate_space` lists every valid configuration and :func:`default_config` picks a sound
-one for any hidden size without tuning.
+The domains (``THREADS``, ``VECS``, ...) bound the raw space that :mod:`.space` enumerates;
+which combinations can run a problem is :mod:`.rules`' to say. A configuration round-trips
+through a dict (Optuna, the tuning DB) and through its short label (``t256v8r1-smem-...``).
 
 Pure logic: no CuPy, no GPU.
 """
@@ -38,11 +36,11 @@ BLOCKS_PER_SM = (0, 1, 2, 4, 8)
 STAGES = (0, 1, 2, 3, 4, 6, 8)
 
 # A register cap per thread (0: none beyond the estimate's occupancy). At 64 a quarter of the SM's
-# registers serves 8 warps, so 1,024 threads fit an SM: the 16-bit winners at 768-8192 ran at
-# 80-96 registers and 31-35% occupancy (ncu, session 6) and the same configs capped at 64 ran
+# registers serves 8 warps, so 1,024 threads fit an SM: the uncapped 16-bit winners at 768-8192
+# ran at 80-96 registers and 31-35% occupancy (ncu), and the same configs capped at 64 ran
 # x1.03-x1.32 faster in 13 of 15 A/B pairs (bf16 768 91.4% -> 95.5% of copy, bf16 8192
-# 85.4% -> 92.3%; H200, 2026-11-30, benchmarks/NOTES.md 34). Some kernels spill under it, so it
-# is a search choice: the evaluator rejects those.
+# 85.4% -> 92.3%; H200, docs/registers.md). Some kernels spill under it, so it is a search
+# choice: the evaluator rejects those.
 MAX_REGS = (0, 64)
 
 # The fields the bulk-copy kernel fixes: two-pass statistics over the staged tile, and a grid
@@ -82,10 +80,10 @@ class KernelConfig:
             SM). The bulk-copy kernel sizes its own occupancy and takes 0.
         keep_x: x's loads (the bulk kernel's copies, the other kernels' vector loads and
             shared-memory fills) carry an L2 ``evict_last`` hint, so L2 keeps x's lines ahead
-            of y's. The bulk kernel ran x1.02-1.05 at nine winners (H200, benchmarks/NOTES.md
-            117), the fwd kernel x1.01-1.03 at the 16-bit winners of 768-4096 and x1.00 at
-            8192 and fp32 (121). A GEMM reading y after it lost nothing; a kernel that re-reads
-            16-40 MB from L2 right after it pays 0.2-3.6 us. Dispatch drops it under
+            of y's. The bulk kernel ran x1.02-1.05 at nine winners (H200), the fwd kernel
+            x1.01-1.03 at the 16-bit winners of 768-4096 and x1.00 at 8192 and fp32. A GEMM
+            reading y after it lost nothing; a kernel that re-reads 16-40 MB from L2 right
+            after it pays 0.2-3.6 us (docs/l2-hints.md). Dispatch drops it under
             ``AUTONORM_NO_KEEP_X=1``. Outside the bulk kernel, cluster 1 only.
 
     """

@@ -19,7 +19,13 @@ from autonorm.ops.layer_norm.config import (
     KernelConfig,
 )
 from autonorm.ops.layer_norm.problem import Problem
+from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.limits import DeviceLimits
+
+# Every LayerNorm kernel, row or bulk, takes x, weight, bias, y (pointers, 0 for an absent
+# weight or bias), rows (int), eps (float), then the bulk kernel's tile counter, which the row
+# kernels never read: one list, so a launch never asks which kernel it has.
+KERNEL_ABI = KernelABI("QQQQif", rows_index=4, workspace=True)
 
 
 class LayerNormFamily:
@@ -29,6 +35,10 @@ class LayerNormFamily:
     template_dir = codegen.TEMPLATE_DIR
     problem_type = Problem
     config_type = KernelConfig
+    # Versions of autonorm before winners recorded their kernel's digest whose kernels this
+    # code renders unchanged (code without comments, every shipped winner checked by
+    # tests/test_shipped_kernels.py): their migrated winners stay in use.
+    legacy_versions = frozenset({"0.1.0+96473fff10af"})
 
     def problem(self, **fields: Any) -> Problem:
         """Build a problem from its fields (hidden, dtype, has_weight, has_bias)."""
@@ -97,9 +107,39 @@ class LayerNormFamily:
         return codegen.code_version()
 
     def bytes_moved(self, problem: Problem, rows: int) -> int:
-        """x read and y written once, weight and bias read once."""
+        """Return the bytes of x read and y written once, weight and bias read once."""
         affine = int(problem.has_weight) + int(problem.has_bias)
         return (2 * rows + affine) * problem.hidden * problem.itemsize
+
+    def kernel_abi(self, kernel: Any) -> KernelABI:
+        """Return the parameter list every LayerNorm kernel takes (:data:`KERNEL_ABI`)."""
+        return KERNEL_ABI
+
+    def workload(self, problem: Problem, rows: int, *, device_id: int = 0, seed: int = 0) -> Any:
+        """Allocate rotated inputs, weight, bias and a tile counter (:mod:`.workload`)."""
+        from autonorm.ops.layer_norm.workload import LayerNormWorkload
+
+        return LayerNormWorkload(
+            problem, rows, nbytes=self.bytes_moved(problem, rows), device_id=device_id, seed=seed
+        )
+
+    def export_basename(self, problem: Problem) -> str:
+        """Return the default file stem of an export, e.g. ``autonorm_ln_bf16_h16384``."""
+        from autonorm.ops.layer_norm import launcher
+
+        return launcher.default_basename(problem)
+
+    def export_files(self, kernel: Any, basename: str) -> dict[str, str]:
+        """Return the exported ``.cu`` (kernel and host launcher) and ``.h``, by file name."""
+        from autonorm.ops.layer_norm import launcher
+
+        return launcher.launcher_files(kernel, basename)
+
+    def export_manifest(self, kernel: Any, basename: str) -> dict[str, Any]:
+        """Return the manifest entries of the launcher (functions, files, launch plan)."""
+        from autonorm.ops.layer_norm import launcher
+
+        return launcher.manifest_entries(kernel, basename)
 
 
 FAMILY = LayerNormFamily()

@@ -1,11 +1,13 @@
-"""The float64 LayerNorm reference, dtype conversions and error measures.
+"""The float64 LayerNorm reference, and the statistics the kernels merge, in float64.
 
-Array-module agnostic: every function takes NumPy or CuPy arrays and uses the module they came
-from (``xp``), so the reference can run on the GPU for large verification inputs. No CuPy import
-at module import.
+:func:`layer_norm_reference` is what every kernel is verified against; :func:`layer_norm_cpu`
+runs it on NumPy arrays in their own dtype; :func:`welford` and :func:`chan_merge` are the
+running and merged (count, mean, M2) statistics the kernels compute, for tests. The dtype
+conversions and error measures are :mod:`autonorm.numerics`'.
 
-bfloat16 is stored as raw ``uint16`` bits (the top half of a float32), so neither NumPy nor CuPy
-needs a bfloat16 dtype.
+Array-module agnostic: the reference takes NumPy or CuPy arrays and uses the module they came
+from (``xp``), so it can run on the GPU for large verification inputs. No CuPy import at module
+import.
 """
 
 from __future__ import annotations

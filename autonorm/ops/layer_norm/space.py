@@ -1,10 +1,9 @@
-"""The search space: problems, kernel configurations, validity rules and enumeration.
+"""The search space of the LayerNorm family: enumeration, the default and the search's seeds.
 
-A :class:`Problem` is what the user asks for (hidden size, dtype, affine flags). A
-:class:`KernelConfig` is one point of the template family. :func:`check` says why a
-configuration cannot run a problem on a device, before anything is compiled;
-:func:`enumerate_space` lists every valid configuration and :func:`default_config` picks a sound
-one for any hidden size without tuning.
+:func:`iter_space` lists the raw space and :func:`enumerate_space` its valid points
+(:func:`autonorm.ops.layer_norm.rules.check` decides). :func:`default_config` picks a sound
+configuration for any hidden size without tuning; :func:`seed_configs` gives a search its
+starting points, the default first (docs/tuning.md).
 
 Pure logic: no CuPy, no GPU.
 """
@@ -59,9 +58,9 @@ def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[Kerne
 def default_config(problem: Problem, device: DeviceLimits = H200) -> KernelConfig:
     """Return a sound configuration for any hidden size, without tuning.
 
-    Aims at about four 16-byte vectors per thread: the measured sweet spot of the untuned
-    kernel (shared/device/README.md, 2026-11-29), and a register cache where it fits; in 16-bit
-    under the 64-register cap (see ``_capped_default``).
+    Aims at about four 16-byte vectors per thread, the measured sweet spot of the untuned
+    kernel, and a register cache where it fits; in 16-bit under the 64-register cap (see
+    ``_capped_default``; docs/tuning.md).
     """
     vec = problem.max_vec
     vectors = math.ceil(problem.hidden / vec)
@@ -103,10 +102,10 @@ def _capped_default(config: KernelConfig, problem: Problem, device: DeviceLimits
     """Return the 16-bit default under the 64-register cap (fp32 stays as it is).
 
     Its register cache where the cap holds it, else the same shape with a shared-memory cache.
-    On the H200 (2^26 elements, lab/default_cap_lab.py, NOTES.md 38) the capped default ran
-    x1.04-x1.61 faster than the uncapped one at 10 of 12 bf16 hidden sizes from 768 to 16384
-    (x1.31 at 8192, x1.61 at 11008) and alike in fp16; at 1536 and 2048 (two rows of 64 threads
-    a block) it ran x0.975 and x0.931.
+    On the H200 (2^26 elements) the capped default ran x1.04-x1.61 faster than the uncapped one
+    at 10 of 12 bf16 hidden sizes from 768 to 16384 (x1.31 at 8192, x1.61 at 11008) and alike
+    in fp16; at 1536 and 2048 (two rows of 64 threads a block) it ran x0.975 and x0.931
+    (docs/registers.md).
     """
     if problem.itemsize != 2:
         return config
@@ -125,15 +124,15 @@ def seed_configs(
     """Return structured starting points for a search: the default and its neighbours.
 
     With a budget of a few dozen trials in a space of thousands, TPE alone often never meets
-    the good region: a 14-trial bf16 grid tune on the H200 (2026-11-29) picked winners at
-    56-73% of copy bandwidth where a hand sample had found 76-85% near the default. Seeding the
-    study with the default's neighbourhood (threads per row x0.5/x1/x2; a register cache, a
-    shared-memory cache, or a register cache in a persistent grid that prefetches the next row)
-    gives the sampler that region first. The persistent seeds replaced Welford ones: Welford
-    never won after its fp32 rebase (benchmarks/NOTES.md 26), while a persistent t512 register
-    kernel, never seeded, beat the fp32 12288 winner by x1.040 (88.7% -> 92.3%, H200,
-    2026-11-30, NOTES 29). In 16-bit the neighbours are capped at 64 registers where the cap
-    applies: capped, the same configs ran x1.03-x1.32 faster in 13 of 15 pairs (NOTES 34).
+    the good region: a 14-trial bf16 grid tune on the H200 picked winners at 56-73% of copy
+    bandwidth where a hand sample had found 76-85% near the default. Seeding the study with the
+    default's neighbourhood (threads per row x0.5/x1/x2; a register cache, a shared-memory
+    cache, or a register cache in a persistent grid that prefetches the next row) gives the
+    sampler that region first. The persistent seeds replaced Welford ones: Welford never won
+    after its fp32 rebase, while a persistent t512 register kernel, never seeded, beat the fp32
+    12288 winner by x1.040 (88.7% -> 92.3% of copy). In 16-bit the neighbours are capped at 64
+    registers where the cap applies: capped, the same configs ran x1.03-x1.32 faster in 13 of
+    15 pairs (docs/tuning.md, docs/registers.md).
 
     Args:
         problem: the hidden size, dtype and affine flags.
@@ -156,15 +155,15 @@ def seed_configs(
                 for m in caps), problem, device)
     # One warp a block, one row a warp, the row in registers: torch.compile's kernel at 768-1024
     # (one-warp persistent reductions). The neighbours above keep 256-thread blocks, so the
-    # search never met it; at fp32 1024 it ran x1.017 of the shipped t256v4r8 winner (99.9% of
-    # copy) and at fp32 768 x1.008, in 16-bit x0.99-1.00 (H200, NOTES.md 102).
+    # search never met it; at fp32 1024 it ran x1.017 of the t256v4r8 kernel it replaced (99.9%
+    # of copy) and at fp32 768 x1.008, in 16-bit x0.99-1.00 (docs/tuning.md).
     add_first_valid(seeds, (KernelConfig(32, base.vec, 1, "registers", "two_pass", 1, 0, 0, m)
                             for m in caps), problem, device)
     seeds += [c for c in bulk_seed_configs(problem, device) if c not in seeds]
     if rows is None:
         return seeds
     # Right after the default: the bucket searches run 10 trials against 13-16 seeds, so seeds
-    # at the end were never measured (call s24d: no rows-1/8 study reached them).
+    # at the end would never be measured.
     latency = latency_seed_configs(problem, rows, device)
     return seeds[:1] + latency + [c for c in seeds[1:] if c not in latency]
 
@@ -176,11 +175,11 @@ def latency_seed_configs(
 
     With fewer rows than SMs most SMs idle, and a row's time is one block's chain of load,
     reduce and store; split over 8 blocks of 128 threads (one stage: the row's slice loaded once
-    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200,
-    benchmarks/NOTES.md 114): rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the shipped
-    winners; rows 8 x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so the seeds
-    stop where the blocks would outnumber the SMs. The bucket searches (22 trials in a space of
-    thousands) never sampled them.
+    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200):
+    rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the winners tuned without them; rows 8
+    x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so the seeds stop where the
+    blocks would outnumber the SMs. The bucket searches (22 trials in a space of thousands)
+    never sampled them (docs/tuning.md).
 
     Args:
         problem: the hidden size, dtype and affine flags.
@@ -209,16 +208,18 @@ def add_first_valid(seeds: list[KernelConfig], candidates: Iterable[KernelConfig
     if cfg is not None and cfg not in seeds:
         seeds.append(cfg)
 
+
+# The most bulk-copy seeds a search starts from.
 MAX_BULK_SEEDS = 8
 
 
 def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
     """Starting points in the bulk-copy kernel's region: tiles of ~16-64 KB, 2-3 stages.
 
-    The lab sweep (benchmarks/NOTES.md, 2026-11-29, ~3,000 kernels) found its winners there:
-    256-512 threads, 2-4 stages, a cluster of 2 for bf16 65536 and fp32 32768, of 4 for fp32
-    65536, rows of 16-32 KB alone and smaller rows grouped into tiles. They keep x in L2
-    (``keep_x``: x1.02-1.05 at all nine bulk winners it was set against, NOTES.md 117).
+    A sweep of ~3,000 bulk kernels found its winners there: 256-512 threads, 2-4 stages, a
+    cluster of 2 for bf16 65536 and fp32 32768, of 4 for fp32 65536, rows of 16-32 KB alone and
+    smaller rows grouped into tiles (docs/bulk-kernel.md). They keep x in L2 (``keep_x``:
+    x1.02-1.05 at all nine bulk winners it was set against; docs/l2-hints.md).
     """
     if device.cc < 90:
         return []
@@ -228,8 +229,8 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
     # Rows of 16-32 KB: a row a tile at 8 vectors a thread, 64-96 KB of stages (t128 s4 at 16
     # KB, t256 s3 at 32 KB). Head to head on an H200 these beat the fwd kernel's winners at
     # fp32 4096 (x1.016), fp32 8192 (x1.019) and 16-bit 8192 (x1.022-1.025), and t256 s3 is the
-    # 16-bit 16384 winner (NOTES.md 112, 124). The loop below tiles 16 KB rows two at a time, so
-    # the search never met them there.
+    # 16-bit 16384 winner (docs/bulk-kernel.md). The loop below tiles 16 KB rows two at a time,
+    # so the search never met them there.
     if 16384 <= row_bytes <= 32768 and row_bytes & (row_bytes - 1) == 0:
         cfg = KernelConfig(row_bytes // 128, vec, 1, "bulk", "two_pass", 1, 0,
                            min(4, 98304 // row_bytes), keep_x=True)
@@ -243,8 +244,8 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
         if cluster == 1:
             rows = max(1, min(16, 2 ** int(math.log2(max(1, 32768 // seg_bytes)))))
         # 256 before 1024: two 256-thread blocks an SM overlap one block's row sums and exchange
-        # with the other's passes (t256 c4 at bf16 65536 x1.013-1.018 of the t512 c2 winner,
-        # fp32 32768 x1.010; NOTES.md 77), and the cap of MAX_BULK_SEEDS cut them off.
+        # with the other's passes (t256 c4 at bf16 65536 x1.013-1.018 of t512 c2, fp32 32768
+        # x1.010), and the cap of MAX_BULK_SEEDS would cut them off behind 1024.
         for threads in (512, 256, 1024):
             for stages in (2, 3):
                 cfg = KernelConfig(threads, vec, rows, "bulk", "two_pass", cluster, 0, stages,

@@ -75,9 +75,9 @@ def make_cases(problem: Problem, seed: int = 0, rows: int = VERIFY_ROWS) -> list
     mean, spread = _OFFSET[problem.dtype]
     offset = mean + spread * rng.standard_normal((rows, n))
     # The shift is the first element of a row (or of a cluster's segment): make it an outlier,
-    # 3000 spreads above an offset row's mean. Measured on the H200 (NOTES.md 19): the
-    # uncorrected fp32 two-pass 2.1e-6 to 9.9e-6 at hidden 4096-65536, over the 2e-6 tolerance;
-    # the corrected two-pass 0.8e-7 to 1.2e-7.
+    # 3000 spreads above an offset row's mean. Measured on the H200: the uncorrected fp32
+    # two-pass 2.1e-6 to 9.9e-6 at hidden 4096-65536, over the 2e-6 tolerance; the corrected
+    # two-pass 0.8e-7 to 1.2e-7 (docs/accuracy.md).
     outlier_first = offset.copy()
     outlier_first[:, [0, n // 2]] = mean + 3000 * spread
     constant = np.repeat(rng.uniform(-3, 3, (rows, 1)), n, axis=1)
@@ -102,7 +102,7 @@ def make_affine(problem: Problem, seed: int = 1) -> tuple[np.ndarray | None, np.
 
 
 def verify(kernel: Any, problem: Problem, *, eps: float = 1e-5, seed: int = 0) -> VerifyResult:
-    """Run ``kernel`` (a :class:`autonorm.compiler.CompiledKernel`) on every case and check it.
+    """Run ``kernel`` (a :class:`autonorm.runtime.compiler.CompiledKernel`) on every case.
 
     Raises:
         autonorm.errors.LaunchError: a launch failed (the caller classifies it).

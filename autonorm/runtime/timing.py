@@ -12,9 +12,12 @@ Every number autonorm reports comes from :func:`time_launches`:
 The tuner's finals time their contenders a second way, :func:`time_single_launches`: one launch
 at a time, each after a read of a buffer four times the L2 (so the L2 holds only clean lines),
 as ``benchmarks/peers.py`` times every implementation. The two regimes can rank two kernels a few
-points apart differently (NOTES.md 49: at bf16 32768 the back-to-back finals stored a kernel that
-ran 5 points under the runner-up in single launches), and single launches are what a layer norm
-between other kernels sees.
+points apart differently (at bf16 32768 the back-to-back finals stored a kernel that ran 5
+points under the runner-up in single launches; docs/timing.md), and single launches are what a
+layer norm between other kernels sees.
+
+Nothing here knows a kernel family: a timed launch is a callable, and the bytes it moves are the
+family's to say (``Family.bytes_moved``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ FLUSH_L2_MULTIPLE = 4  # the flush reads this many times the L2
 # does. cudaMemcpy's rate depends on the size's last few KiB: on the H200, 2^27 bytes plus the
 # 1.5-2 KiB of a 16-bit weight and bias at hidden 768-1024 copied at 3,949-3,960 GB/s against
 # 4,153-4,170 at 2^27 and at 2^27 + 4-32 KiB (fp32: 4,122-4,130 against 4,215-4,239), which put
-# the tuner's shares at up to 103.8% there (NOTES.md 89).
+# the tuner's shares at up to 103.8% there (docs/timing.md).
 COPY_ROUND_BYTES = 1 << 20
 
 
@@ -55,11 +58,6 @@ def copy_buffer_bytes(nbytes: int) -> int:
     half = nbytes // 2
     rounded = (half + COPY_ROUND_BYTES // 2) // COPY_ROUND_BYTES * COPY_ROUND_BYTES
     return max(COPY_ROUND_BYTES, rounded)
-
-
-def bytes_moved(rows: int, hidden: int, itemsize: int, affine_tensors: int) -> int:
-    """Bytes a LayerNorm forward must move: x read once, y written once, weight/bias once."""
-    return 2 * rows * hidden * itemsize + affine_tensors * hidden * itemsize
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int, cap_bytes: int = 2 << 30) -> int:

@@ -1,0 +1,80 @@
+"""The per-thread work and the shared memory of a configuration on a problem.
+
+:class:`Shape` is what a template unrolls: the segment of a row a block handles, the threads
+that share it and the vectors each thread reads. The shared-memory sizes follow from it and
+from the kernel's scratch layout. Pure arithmetic without validity checks: :mod:`.plan`
+gathers these facts with the others, and :mod:`.rules` judges them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+
+# Shared memory the row kernel needs besides the row cache: reduction scratch, 2 buffers x 32
+# warps x 4 floats (Welford's count, shift, mean and M2), plus the cluster exchange slots.
+SCRATCH_SMEM = 2 * 32 * 4 * 4 + 2 * 4 * 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Derived per-thread work of a configuration on a problem (what the template unrolls)."""
+
+    segment: int  # elements of a row that one block handles (hidden / cluster)
+    threads_per_row: int
+    iters: int  # vector accesses per thread per row
+    cache_regs: int  # 32-bit registers a thread spends on a register row cache
+    smem_cache_bytes: int  # bytes of shared memory for a shared-memory row cache
+    vec: int  # elements per vector access
+
+    @property
+    def even(self) -> bool:
+        """True when the vectors tile the segment exactly (no tail guard needed)."""
+        return self.segment == self.iters * self.threads_per_row * self.vec
+
+    @property
+    def vectors(self) -> int:
+        """Vectors of a segment (the last one partial when ``vec`` does not divide it)."""
+        return math.ceil(self.segment / self.vec)
+
+
+def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
+    """Compute the per-thread work of ``config`` on ``problem`` (no validity checks)."""
+    segment = problem.hidden // max(config.cluster, 1)
+    tpr = max(config.threads // max(config.rows_per_block, 1), 1)
+    vectors = math.ceil(segment / config.vec)
+    iters = math.ceil(vectors / tpr)
+    vec_bytes = config.vec * problem.itemsize
+    cache_regs = iters * math.ceil(vec_bytes / 4)
+    smem = config.rows_per_block * segment * problem.itemsize
+    return Shape(segment, tpr, iters, cache_regs, smem, config.vec)
+
+
+def bulk_scratch_bytes(stages: int, rows_per_block: int, cluster: int = 1) -> int:
+    """Shared memory of the bulk-copy kernel besides its stages.
+
+    That is the stages' mbarriers (a cluster: two more for the exchange), the reduction scratch
+    ([2][32][2] floats), the cluster exchange slots ([2][rows][cluster][4] floats), the ring of
+    claimed tiles (Q = max(2 x stages, 4) mbarriers and ints) and each stage's tile (ints).
+    """
+    exchange = 2 * 8 if cluster > 1 else 0
+    ring = max(2 * stages, 4)
+    return (stages * 8 + exchange + 2 * 32 * 2 * 4 + 2 * rows_per_block * max(cluster, 1) * 4 * 4
+            + ring * (8 + 4) + stages * 4)
+
+
+def stage_bytes(config: KernelConfig, shape: Shape) -> int:
+    """Shared memory of the bulk-copy kernel's stages: stages x rows per tile x segment bytes."""
+    return max(config.stages, 1) * shape.smem_cache_bytes
+
+
+def launch_smem_bytes(config: KernelConfig, shape: Shape) -> int:
+    """Dynamic shared memory a launch of ``config`` needs, in bytes, given its shape."""
+    if config.cache == "bulk":
+        return stage_bytes(config, shape) + bulk_scratch_bytes(
+            max(config.stages, 1), config.rows_per_block, config.cluster)
+    cache = shape.smem_cache_bytes if config.cache == "smem" else 0
+    return cache + SCRATCH_SMEM

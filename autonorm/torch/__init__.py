@@ -1,0 +1,43 @@
+"""PyTorch integration: :func:`layer_norm`, a drop-in :class:`LayerNorm` module, torch.compile.
+
+Everything here takes and returns ``torch.Tensor`` and never copies data between libraries: the
+autonorm kernel reads and writes torch's own memory through ``data_ptr()`` and runs on torch's
+current CUDA stream, so it is ordered with the surrounding torch work and can be captured in a
+CUDA graph. CPU (and any non-CUDA) tensors are computed with ``torch.nn.functional.layer_norm``,
+so the same code runs anywhere.
+
+Three ways in, cheapest first:
+
+* eager inference (no gradient needed, not compiling): validate, allocate the output, launch.
+  The kernel object is cached per (device, dtype, hidden, affine flags, rows bucket)
+  (:mod:`.forward`), so a hot call is a few attribute reads, one allocation and the launch.
+* autograd or ``torch.compile``: the custom op ``torch.ops.autonorm.layer_norm``
+  (:mod:`.custom_op`), which has a fake (meta) implementation for tracing, an autograd formula
+  written in PyTorch ops and an autocast rule, so compiled graphs contain it without graph
+  breaks.
+* tensor subclasses and active dispatch modes (FakeTensor, make_fx, FlopCounterMode): the custom
+  op too, so they see the operator instead of a raw kernel launch.
+
+The modules: :mod:`.checks` (argument validation), :mod:`.forward` (the kernel cache and the
+CUDA and reference forwards), :mod:`.custom_op` (the op, its fake, autograd and autocast, and
+:func:`layer_norm`), :mod:`.modules` (:class:`LayerNorm` and :func:`replace_layer_norms`).
+Kernels come from :mod:`autonorm.dispatch`, imported at the first launch.
+
+PyTorch is an optional dependency (``pip install 'autonorm[torch]'``); ``import autonorm`` never
+imports this package.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401 - fail here, with the install hint, before any module below
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "autonorm.torch needs PyTorch: install it, e.g. pip install 'autonorm[torch]'"
+    ) from exc
+
+from autonorm.torch.custom_op import layer_norm
+from autonorm.torch.forward import clear_kernel_cache
+from autonorm.torch.modules import LayerNorm, replace_layer_norms
+
+__all__ = ["LayerNorm", "clear_kernel_cache", "layer_norm", "replace_layer_norms"]

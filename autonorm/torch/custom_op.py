@@ -1,0 +1,186 @@
+"""The custom op ``torch.ops.autonorm.layer_norm`` and the public :func:`layer_norm`.
+
+The op is what autograd, ``torch.compile``, tensor subclasses and dispatch modes see: a fake
+(meta) implementation for tracing, an autograd formula in PyTorch ops (mean and rstd recomputed
+in float32) and an autocast rule. :func:`layer_norm` goes through the op only where one of those
+needs it; eager inference goes straight to :func:`autonorm.torch.forward.forward_cuda`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from autonorm.errors import InputError
+from autonorm.torch.checks import DTYPE_NAMES, as_float, validate
+from autonorm.torch.forward import forward_cuda, forward_reference
+
+__all__ = ["layer_norm"]
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_is_autocast_enabled = torch.is_autocast_enabled
+# Any autocast at all (one C call), so the common no-autocast case skips the per-device query.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: _is_autocast_enabled("cuda") or _is_autocast_enabled("cpu")
+)
+# Number of active TorchDispatchModes (make_fx, FlopCounterMode, ...): they must see the op.
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None) or (lambda: 0)
+
+
+# An explicit schema: with postponed annotations, inferring it from type hints is fragile.
+@torch.library.custom_op(
+    "autonorm::layer_norm",
+    mutates_args=(),
+    schema="(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+)
+def _layer_norm_op(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    if x.is_cuda:
+        return forward_cuda(x, weight, bias, eps)
+    return forward_reference(x, weight, bias, eps)
+
+
+@_layer_norm_op.register_fake
+def _layer_norm_fake(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    # Validating here makes torch.compile report bad inputs at trace time, as eager would.
+    validate(x, weight, bias, eps)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _setup_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias, eps = inputs
+    # Only x (and weight, which autograd keeps alive anyway) are saved: mean and rstd are
+    # recomputed in backward, which costs one more read of x but no extra activation memory.
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
+    """Gradients of y = (x - mean) * rstd * weight + bias, computed in float32."""
+    x, weight = ctx.saved_tensors
+    needs_x, needs_w, needs_b = ctx.needs_input_grad[:3]
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    xc = xf - mean  # two-pass variance: exact enough for offset data, unlike E[x^2] - E[x]^2
+    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + ctx.eps)
+    xhat = xc * rstd
+    dy = grad_y.float()
+    # Weight and bias gradients sum over every leading dim. A 1-D x has none, and sum(())
+    # would reduce over all dims instead of none.
+    lead = tuple(range(x.dim() - 1))
+    grad_x = grad_w = grad_b = None
+    if needs_x:
+        g = dy if weight is None else dy * weight.float()
+        grad_x = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+        grad_x = grad_x.to(x.dtype)
+    if needs_w and weight is not None:
+        gw = dy * xhat
+        grad_w = (gw.sum(lead) if lead else gw).to(weight.dtype)
+    if needs_b and ctx.has_bias:
+        grad_b = (dy.sum(lead) if lead else dy).to(x.dtype)
+    return grad_x, grad_w, grad_b, None
+
+
+_layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
+
+# CUDA autocast runs torch's layer_norm in float32 (its fp32 op list); do the same so a replaced
+# model keeps the dtypes the original produced, compiled or not. CPU autocast has no such rule
+# for layer_norm; the eager wrapper handles it (see _apply_autocast).
+if hasattr(torch.library, "register_autocast"):  # torch >= 2.5
+    torch.library.register_autocast("autonorm::layer_norm", "cuda", torch.float32)
+
+_OP = torch.ops.autonorm.layer_norm.default
+
+
+def _apply_autocast(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Cast the arguments the way torch's layer_norm behaves under autocast on x's device.
+
+    CUDA autocast runs layer_norm in float32 (its fp32 op list): cast everything to float32, as
+    the op's registered autocast rule also does. CPU autocast leaves layer_norm alone, and torch's
+    CPU kernel accepts float32 weights with a bfloat16 x, returning x's dtype: cast weight and bias
+    to x's dtype so the output dtype matches (the parameters are rounded to it, the one numerical
+    difference). Other devices: unchanged.
+    """
+    if x.is_cuda:
+        if not _is_autocast_enabled("cuda"):
+            return x, weight, bias
+        dtype = torch.float32
+    elif x.device.type == "cpu" and _is_autocast_enabled("cpu") and x.dtype in DTYPE_NAMES:
+        dtype = x.dtype
+    else:
+        return x, weight, bias
+
+    def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or not t.is_floating_point() or t.dtype == dtype:
+            return t
+        return t.to(dtype)
+
+    return cast(x), cast(weight), cast(bias)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """Normalize the last dimension of ``x`` with the autonorm kernel (zero copy).
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last dimension, like
+    ``torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)``.
+
+    On CUDA the kernel reads ``x`` in place and writes a new tensor allocated by torch, on torch's
+    current stream of ``x``'s device. Non-contiguous inputs are made contiguous first (one copy),
+    and so are inputs whose data pointer is not 16-byte aligned (a slice at an odd offset); the
+    output is always contiguous. Tensors on other devices (CPU) are computed with
+    ``torch.nn.functional.layer_norm``. Under CUDA autocast the computation runs in float32, as
+    torch's own layer_norm does (under CPU autocast, weight and bias follow x's dtype). Gradients
+    flow to x, weight and bias; ``torch.compile`` sees the custom op
+    ``torch.ops.autonorm.layer_norm`` without a graph break.
+
+    The first call for a new (device, dtype, hidden size, affine flags, row-count bucket) looks
+    the kernel up in the tuning database and compiles it; do that before capturing a CUDA graph.
+
+    Args:
+        x: input of shape (..., hidden); float32, float16 or bfloat16.
+        weight: optional scale of shape (hidden,), same dtype and device as x.
+        bias: optional shift of shape (hidden,), same dtype and device as x.
+        eps: added to the variance; must be > 0.
+
+    Returns:
+        A new contiguous tensor of x's shape, dtype and device.
+
+    Raises:
+        autonorm.errors.InputError: x is not a tensor, or eps <= 0.
+        autonorm.errors.UnsupportedDtypeError: a dtype is unsupported, or the dtypes differ.
+        autonorm.errors.ShapeError: x is 0-d, or weight/bias is not (hidden,).
+        autonorm.errors.DeviceMismatchError: weight or bias is on another device than x.
+
+    """
+    if _is_compiling():
+        return _OP(x, weight, bias, eps)
+    if type(x) is not _Tensor or _dispatch_modes():
+        # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if _any_autocast():
+            x, weight, bias = _apply_autocast(x, weight, bias)
+        return _OP(x, weight, bias, as_float(eps))
+    if _any_autocast():
+        x, weight, bias = _apply_autocast(x, weight, bias)
+    if _is_grad_enabled() and (
+        x.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    ):
+        return _OP(x, weight, bias, as_float(eps))
+    if x.is_cuda:
+        return forward_cuda(x, weight, bias, eps)
+    return forward_reference(x, weight, bias, eps)

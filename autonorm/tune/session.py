@@ -1,0 +1,302 @@
+"""Tune one problem on this GPU and store the winner: the one path behind every tuning tool.
+
+:func:`tune_and_store` is what ``autonorm tune`` and ``benchmarks/tune_grid.py`` (which builds
+the shipped database) both run. It records the device, finds the incumbent (the stored winner
+of the same key, if it still renders to the kernel that was timed), searches with crash
+isolation (a faulting kernel costs one candidate, not the study: :mod:`autonorm.tune.isolation`),
+records every trial's outcome in the tuning database and stores the winner with the digest of
+its kernel (docs/tuning.md).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autonorm import lookup
+from autonorm.ops.base import Config, Problem, rows_bucket
+from autonorm.ops.registry import family_of
+from autonorm.results import Outcome, Timing
+from autonorm.runtime import device as devices
+from autonorm.runtime.device import DeviceInfo
+from autonorm.runtime.limits import DeviceLimits
+from autonorm.store.db import TuningDB, TuningKey
+from autonorm.tune import search
+from autonorm.tune.storage import study_name_for
+from autonorm.tune.workers import run_workers
+
+__all__ = ["TunedKernel", "incumbent_of", "study_for", "tune_and_store"]
+
+EvaluatorFactory = Callable[[Problem, int], search.Evaluator]
+
+
+@dataclass(frozen=True)
+class TunedKernel:
+    """What :func:`tune_and_store` found and stored.
+
+    Attributes:
+        problem: what was tuned.
+        rows: the row count it was timed at (its power-of-two bucket is in ``key``).
+        key: the tuning database key the winner is stored under.
+        config: the stored winner, or None when no candidate passed verification (then
+            nothing was stored).
+        timing: the winner's finals timing.
+        metrics: what was stored with it (timing, rows, trials, copy bandwidth).
+        kernel: :func:`autonorm.codegen.environment.kernel_digest` of its rendered source.
+        incumbent_kept: the winner stored before stayed: no challenger beat it clearly.
+        evaluated: distinct candidates measured in the study so far (all runs, all workers).
+        failures: distinct failed configurations of the study, by failure class.
+        elapsed_s: wall-clock seconds of the call, workers and finals included.
+        study: the Optuna study that holds every trial.
+        db_path: the database file written (None for an in-memory one).
+
+    """
+
+    problem: Problem
+    rows: int
+    key: TuningKey
+    config: Config | None
+    timing: Timing | None
+    metrics: dict[str, Any] | None
+    kernel: str | None
+    incumbent_kept: bool
+    evaluated: int
+    failures: dict[str, int]
+    elapsed_s: float
+    study: str
+    db_path: Path | None
+
+    @property
+    def stored(self) -> bool:
+        """True when a winner was stored."""
+        return self.config is not None
+
+
+def incumbent_of(
+    db: TuningDB, key: TuningKey, problem: Problem, limits: DeviceLimits
+) -> Config | None:
+    """Return the stored winner of ``key`` if it may still run (:func:`autonorm.lookup.verdict`).
+
+    A winner that no longer passes the family's rules, or whose configuration now renders
+    another kernel than the one that was timed, has nothing to defend: the finals then crown
+    the fastest challenger.
+    """
+    winner = db.get_winner(key)
+    if winner is None:
+        return None
+    try:
+        status, config = lookup.verdict(winner, problem, limits)
+    except (TypeError, ValueError):  # a configuration this family cannot read or render
+        return None
+    return config if status == lookup.USABLE else None
+
+
+def study_for(problem: Problem, rows: int, device: DeviceInfo) -> str:
+    """Return the Optuna study :func:`tune_and_store` searches for ``problem`` at ``rows``."""
+    version = family_of(problem).code_version()
+    return study_name_for(device.fingerprint, version, problem, rows_bucket(rows))
+
+
+def _open_db(store: TuningDB | str | Path | None) -> tuple[TuningDB, bool]:
+    """Return the database to write and whether this call opened it (and so closes it)."""
+    if isinstance(store, TuningDB):
+        return store, False
+    if store is None:
+        return TuningDB.open_user(), True
+    return TuningDB(store), True
+
+
+def _build_evaluator(
+    problem: Problem, rows: int, device_id: int, factory: EvaluatorFactory | None
+) -> Any:
+    """Build the evaluator: the caller's factory, or the GPU evaluator in a crash-isolated child."""
+    if factory is not None:
+        return factory(problem, rows)
+    from autonorm.tune.isolation import IsolatedEvaluator, build_gpu_evaluator
+
+    return IsolatedEvaluator(build_gpu_evaluator, (problem, rows, device_id))
+
+
+def _close_evaluator(evaluator: Any) -> None:
+    """Release what the evaluator holds: its own close() if any, else its compile pool."""
+    close = getattr(evaluator, "close", None)
+    if callable(close):
+        close()
+        return
+    pool = getattr(evaluator, "pool", None)
+    if pool is not None:
+        pool.close()
+
+
+def _recorder(
+    db: TuningDB, key: TuningKey, on_trial: search.OnTrial | None
+) -> search.OnTrial:
+    """Return the search's ``on_trial``: record the outcome in the database, then call on."""
+
+    def record(config: Config, outcome: Outcome, number: int) -> None:
+        db.record_outcome(key, config, outcome, trial_number=number)
+        if on_trial is not None:
+            on_trial(config, outcome, number)
+
+    return record
+
+
+def _tune_worker(index: int, spec: dict[str, Any]) -> None:
+    """Entry point of one worker process of :func:`tune_and_store` (module level: spawn)."""
+    import optuna
+
+    # Optuna logs at INFO from its first import; workers run quietly.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    problem: Problem = spec["problem"]
+    db = TuningDB(spec["db_path"])
+    evaluator = _build_evaluator(problem, spec["rows"], 0, spec["evaluator_factory"])
+    try:
+        search.tune(
+            problem, evaluator, limits=spec["limits"], storage=spec["storage"],
+            study_name=spec["study"], settings=spec["settings"],
+            on_trial=_recorder(db, spec["key"], None),
+            progress=index == 0 and not spec["quiet"], worker_index=index,
+            # Worker 0 enqueues them into the new shared study; the parent's own call after
+            # the workers finds trials there and enqueues nothing.
+            seeds=spec["seeds"],
+        )
+    finally:
+        _close_evaluator(evaluator)
+        db.close()
+
+
+def _stored_winner(
+    db: TuningDB,
+    key: TuningKey,
+    problem: Problem,
+    limits: DeviceLimits,
+    rows: int,
+    result: search.TuneResult,
+    copy_gbps: float,
+) -> tuple[dict[str, Any], str]:
+    """Store the search's winner with its kernel digest; return (metrics, digest)."""
+    timing = result.timing
+    assert result.best is not None and timing is not None
+    # The finals' copy is timed as they time; an evaluator's back-to-back copy is the fallback.
+    metrics = timing.metrics(
+        rows=rows, trials=result.evaluated, copy_gbps=timing.copy_gbps or copy_gbps
+    )
+    kernel = lookup.kernel_of(result.best, problem, limits)
+    db.set_winner(key, result.best.to_dict(), metrics, kernel)
+    return metrics, kernel
+
+
+def tune_and_store(
+    problem: Problem,
+    rows: int,
+    *,
+    settings: search.TuneSettings = search.TuneSettings(),  # noqa: B008 - frozen, shared safely
+    device_id: int = 0,
+    device: DeviceInfo | None = None,
+    storage: str | None = None,
+    workers: int = 1,
+    store: TuningDB | str | Path | None = None,
+    evaluator_factory: EvaluatorFactory | None = None,
+    on_trial: search.OnTrial | None = None,
+    quiet: bool = False,
+    seeds: Sequence[Config] | None = None,
+) -> TunedKernel:
+    """Tune ``problem`` at ``rows`` rows on this GPU and store the winner in a tuning database.
+
+    Re-running resumes the study (the same study name for the same GPU, templates, problem and
+    rows bucket). The stored winner, if it still renders to the kernel that was timed, is the
+    incumbent: it stays unless a challenger beats it by more than the noise in the finals.
+
+    Args:
+        problem: what to tune; its family (by op) owns the search space.
+        rows: the row count to time at (its power-of-two bucket keys the winner).
+        settings: budget and finals of the search (``finals_top`` applies to the last call;
+            workers skip the finals).
+        device_id: the GPU to tune on (with ``workers`` > 1, GPUs 0..workers-1).
+        device: the :class:`~autonorm.runtime.device.DeviceInfo` to key the winner by; None
+            queries ``device_id``.
+        storage: the Optuna storage (see :func:`autonorm.tune.storage.open_storage`; None: one
+            journal file per study in the cache directory).
+        workers: processes searching the study at once, one per GPU; the finals run here after.
+        store: the tuning database (a :class:`~autonorm.store.db.TuningDB`, left open, or a
+            path); None: the user's database.
+        evaluator_factory: builds the evaluator as ``evaluator_factory(problem, rows)``
+            (picklable with ``workers`` > 1); None: the GPU evaluator in a crash-isolated
+            child process.
+        on_trial: also called with (config, outcome, trial number) for every candidate judged
+            in this process (workers record theirs in the database only).
+        quiet: no progress bar.
+        seeds: configurations to measure first in a new study; None: the family's seeds.
+
+    Returns:
+        What was stored; ``config`` is None when no candidate passed verification.
+
+    Raises:
+        ValueError: ``rows`` or ``workers`` below 1, or a store without a file with workers.
+        autonorm.runtime.device.NoGPUError: no ``device`` given and no usable GPU.
+        KeyboardInterrupt: after the trial being measured is recorded as interrupted (a rerun
+            measures it again).
+
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be at least 1, got {rows}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    started = time.monotonic()
+    family = family_of(problem)
+    if device is None:
+        device = devices.query_device(device_id)
+    limits = device.limits()
+    db, owned = _open_db(store)
+    evaluator = None
+    try:
+        if workers > 1 and db.path is None:
+            raise ValueError("workers need a tuning database file to share, not an in-memory one")
+        db.record_device(device)
+        key = TuningKey.for_problem(device.fingerprint, problem, rows)
+        incumbent = incumbent_of(db, key, problem, limits)
+        study = study_for(problem, rows, device)
+        if seeds is None:
+            seeds = family.seeds(problem, limits, rows)
+        if workers > 1:
+            spec = {
+                "problem": problem, "rows": rows, "key": key, "limits": limits,
+                "storage": storage, "study": study, "seeds": list(seeds), "quiet": quiet,
+                "settings": replace(settings, finals_top=0), "db_path": str(db.path),
+                "evaluator_factory": evaluator_factory,
+            }
+            codes = run_workers(workers, _tune_worker, (spec,), storage_url=storage)
+            if any(codes):
+                # The study keeps what they measured; the call below measures the rest.
+                warnings.warn(f"tuning workers exited with codes {codes}", stacklevel=2)
+        evaluator = _build_evaluator(problem, rows, device_id, evaluator_factory)
+        result = search.tune(
+            problem, evaluator, limits=limits, storage=storage, study_name=study,
+            settings=settings, incumbent=incumbent, on_trial=_recorder(db, key, on_trial),
+            progress=not quiet, seeds=seeds,
+        )
+        metrics = kernel = None
+        if result.best is not None and result.timing is not None:
+            copy_gbps = float(getattr(evaluator, "copy_gbps", 0.0) or 0.0)
+            metrics, kernel = _stored_winner(
+                db, key, problem, limits, rows, result, copy_gbps
+            )
+        return TunedKernel(
+            problem=problem, rows=rows, key=key,
+            config=result.best if kernel is not None else None,
+            timing=result.timing if kernel is not None else None,
+            metrics=metrics, kernel=kernel,
+            incumbent_kept=result.incumbent_kept, evaluated=result.evaluated,
+            failures=result.failures, elapsed_s=time.monotonic() - started,
+            study=study, db_path=db.path,
+        )
+    finally:
+        if evaluator is not None:
+            _close_evaluator(evaluator)
+        if owned:
+            db.close()
+
