@@ -258,7 +258,9 @@ def test_stable_variants_shift_each_row(cache, stats):
             normalize = "(elem(xv, k) - cshift) - cmean"
         elif held and stats == "two_pass":
             normalize = "fmaf(fc[it][k], rstd, nmr)"
-            assert "fc[it][k] = d;" in k.source and "const float cshift = shift;" in k.source
+            # the held row keeps x - shift, so normalization needs no shift of its own
+            assert "fc[it][k] = d;" in k.source and "const float cshift" not in k.source
+            assert "const float cmean = mean;  // mean of x - shift, as the held row is" in k.source
         else:
             normalize = f"fmaf({xf} - cshift, rstd, nmr)"
         assert normalize in k.source

@@ -6,12 +6,20 @@ configuration still renders that kernel. These CPU tests render every shipped wi
 it with the digest stored beside it and with the kernels the shipped winners were tuned on
 (``fixtures/shipped_kernels.json``: names and digests as the autonorm that tuned them rendered
 them), so a change to the code that alters a tuned kernel fails here, not silently on an H200.
+
+A winner whose code changed since it was tuned stays only if the change leaves its machine code
+alone: ``fixtures/shipped_code_before.json.gz`` holds the code each shipped kernel was tuned on,
+and nvcc must compile it and today's code to the same cubin (the row kernel lost its unused
+locals this way, so that it compiles without warnings; docs/tuning.md).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +30,7 @@ from autonorm.runtime.device import DeviceInfo
 from autonorm.store.db import SCHEMA_VERSION, TuningDB, TuningKey
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "shipped_kernels.json"
+CODE_BEFORE = Path(__file__).resolve().parent / "fixtures" / "shipped_code_before.json.gz"
 SHIPPED = Path(__file__).resolve().parent.parent / "tuning_db" / "autonorm.db"
 
 H200 = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6016, 3201000)
@@ -69,8 +78,9 @@ def test_every_shipped_winner_renders_the_kernel_that_was_timed(
     problem, config, kernel = _render(shipped, winner)
     assert config.label() == expected["label"]
     assert kernel_digest(kernel.source) == winner.kernel  # the digest stored with the winner
-    assert kernel_digest(kernel.source) == expected["code"]  # the kernel it was tuned on
     assert kernel.name == expected["name"]
+    before = json.loads(gzip.decompress(CODE_BEFORE.read_bytes()))[kernel.name]
+    assert kernel_digest(before) == expected["code"]  # the code it was tuned on, as recorded
     status, _ = lookup.verdict(winner, problem, shipped.device_limits(key.device))
     assert status == lookup.USABLE
 
@@ -118,3 +128,47 @@ def test_the_shipped_db_is_one_compact_file() -> None:
         assert conn.execute("SELECT count(*) FROM trials").fetchone() == (0,)
     finally:
         conn.close()
+
+
+def _cubin(sources: list[str], path: Path) -> bytes:
+    """Compile ``sources`` as one translation unit for sm_90 and return the cubin."""
+    path.with_suffix(".cu").write_text("\n".join(sources) + "\n")
+    done = subprocess.run(
+        [shutil.which("nvcc"), "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(path),
+         str(path.with_suffix(".cu"))], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return path.read_bytes()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_every_shipped_winner_compiles_to_the_machine_code_that_was_timed(
+    shipped: TuningDB, tmp_path: Path
+) -> None:
+    from autonorm.codegen.environment import code_of
+
+    before = json.loads(gzip.decompress(CODE_BEFORE.read_bytes()))
+    now: dict[str, str] = {}
+    for winner in shipped.winners():
+        _, _, kernel = _render(shipped, winner)
+        now[kernel.name] = code_of(kernel.source)
+    assert set(now) == set(before)
+    changed = sorted(name for name in now if now[name] != before[name])
+    if not changed:
+        return
+    old = _cubin([before[name] for name in changed], tmp_path / "before.cubin")
+    new = _cubin([now[name] for name in changed], tmp_path / "now.cubin")
+    if old != new:  # name the kernels whose machine code moved
+        moved = [name for name in changed
+                 if _cubin([before[name]], tmp_path / f"{name}_b.cubin")
+                 != _cubin([now[name]], tmp_path / f"{name}_n.cubin")]
+        pytest.fail(f"{len(moved)} shipped kernels compile to other machine code: {moved}")
+
+
+def test_the_machine_code_check_can_fail(tmp_path: Path) -> None:
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc (the CUDA toolkit)")
+    kernel = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = %s; }'
+    same = _cubin([kernel % "1.0f"], tmp_path / "a.cubin")
+    assert _cubin([kernel % "1.0f"], tmp_path / "b.cubin") == same
+    assert _cubin([kernel % "2.0f"], tmp_path / "c.cubin") != same

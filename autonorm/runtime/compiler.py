@@ -32,17 +32,13 @@ from autonorm.runtime.driver import (
 if TYPE_CHECKING:
     from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 
-# 177: variable declared but never referenced; 550: set but never used. The template declares
-# the same locals for every variant; some variants leave a few unused.
-_DIAG = "177,550"
-
 # Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
 def nvrtc_options(arch: str) -> tuple[str, ...]:
     """Return the NVRTC options for ``arch`` (e.g. ``sm_90``)."""
-    return ("-std=c++17", f"--gpu-architecture={arch}", f"--diag-suppress={_DIAG}")
+    return ("-std=c++17", f"--gpu-architecture={arch}")
 
 
 class CompiledKernel:

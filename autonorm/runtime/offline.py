@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autonorm.errors import CompileError
-from autonorm.runtime.compiler import _DIAG
 
 if TYPE_CHECKING:
     from autonorm.codegen.kernel import RenderedKernel
@@ -98,7 +97,7 @@ def compile_offline(
         src.write_text("\n".join(k.source for k in kernels))
         cmd = [
             nvcc, f"-arch={arch}", "-std=c++17", "-cubin", "-Xptxas", "-v",
-            f"-diag-suppress={_DIAG}", "-o", str(Path(tmp) / "sweep.cubin"), str(src),
+            "-o", str(Path(tmp) / "sweep.cubin"), str(src),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

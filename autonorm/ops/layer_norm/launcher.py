@@ -31,8 +31,6 @@ SOURCE_TEMPLATE = "export_launcher.cu.j2"
 _CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 # Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 _SMEM_DEFAULT_LIMIT = 48 * 1024
-# nvcc diagnostics the kernel source triggers by design (as the runtime compiler suppresses them).
-_DIAG_SUPPRESS = (177, 550)
 
 
 def default_basename(problem: Problem) -> str:
@@ -144,5 +142,4 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "dynamic_min_tiles": DYNAMIC_MIN_TILES,
         "grid_rule": describe_grid(config, plan),
         "smem_default_limit": _SMEM_DEFAULT_LIMIT,
-        "diag_suppress": _DIAG_SUPPRESS,
     }
