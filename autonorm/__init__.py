@@ -2,6 +2,10 @@
 
 ``import autonorm`` works on a machine without a GPU: CuPy is imported only when a kernel is
 compiled or launched.
+
+Run from the parent directory of a checkout named ``autonorm``, ``import autonorm`` may find the
+checkout instead of this package (then ``autonorm.layer_norm`` is missing); the command line
+says so, and :mod:`autonorm.checkout` explains why the import itself cannot.
 """
 
 from __future__ import annotations

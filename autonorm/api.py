@@ -7,6 +7,8 @@ the function works on any machine.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,9 @@ from autonorm.ops.layer_norm.problem import Problem
 
 __all__ = ["layer_norm", "validate"]
 
+# How errors name the library of an array (the top-level module of its type).
+_KIND_NAMES = {"numpy": "NumPy", "cupy": "CuPy"}
+
 
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
     """LayerNorm over the last dimension of ``x``: ``(x - mean) / sqrt(var + eps) * w + b``.
@@ -34,7 +39,7 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) 
         x: input of shape (..., hidden), float32, float16 or bfloat16.
         weight: optional scale of shape (hidden,), same dtype as x.
         bias: optional shift of shape (hidden,), same dtype as x.
-        eps: added to the variance; must be > 0.
+        eps: added to the variance; a finite real number > 0.
 
     Returns:
         An array of x's shape, dtype and kind.
@@ -63,46 +68,75 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) 
     return _layer_norm_cupy(x, weight, bias, eps)
 
 
-def validate(x: Any, weight: Any, bias: Any, eps: float) -> tuple[str, int, int]:
+def validate(x: Any, weight: Any, bias: Any, eps: Any) -> tuple[str, int, int]:
     """Check the arguments of :func:`layer_norm`; return (dtype, rows, hidden).
 
+    ``weight`` and ``bias`` must be arrays of x's kind (NumPy with NumPy, CuPy with CuPy) and
+    dtype, of shape (hidden,); ``eps`` a finite positive real number (not a bool or a string).
+
     Raises:
-        InputError: (or a subclass) naming the problem.
+        InputError: (or a subclass) naming the argument at fault.
 
     """
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise InputError(f"x must be an array or tensor, got {type(x).__name__}")
     if len(x.shape) < 1:
         raise ShapeError("x must have at least one dimension (..., hidden); got a scalar")
-    dtype = _dtype_name(x)
+    dtype = _dtype_name(x, "x")
     hidden = int(x.shape[-1])
     if hidden < 1:
         raise ShapeError(f"hidden size (last dimension) must be at least 1, got {hidden}")
     rows = int(np.prod(x.shape[:-1], dtype=np.int64)) if len(x.shape) > 1 else 1
+    kind = _kind(x)
+    kind_name = _KIND_NAMES.get(kind, kind)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None:
             continue
+        if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+            raise InputError(
+                f"{name} must be a {kind_name} array of shape ({hidden},) like x, or None; got "
+                f"{type(t).__name__}"
+            )
+        if _kind(t) != kind:
+            raise DeviceMismatchError(
+                f"{name} must be a {kind_name} array like x, got {type(t).__module__}."
+                f"{type(t).__name__}"
+            )
         if tuple(t.shape) != (hidden,):
             raise ShapeError(
                 f"{name} must have shape ({hidden},) to match x's hidden size, got "
                 f"{tuple(t.shape)}"
             )
-        if _dtype_name(t) != dtype:
+        if _dtype_name(t, name) != dtype:
             raise UnsupportedDtypeError(f"{name} dtype {t.dtype} differs from x dtype {x.dtype}")
-    if not (isinstance(eps, (int, float, np.floating)) and float(eps) > 0):
-        raise InputError(f"eps must be a positive number, got {eps!r}")
+    _check_eps(eps)
     if rows > 2**31 - 1:
         raise ShapeError(f"{rows} rows exceed the kernel's 32-bit row index")
     return dtype, rows, hidden
 
 
-def _dtype_name(array: Any) -> str:
+def _check_eps(eps: Any) -> None:
+    """Refuse an eps that is no real number (a bool, a string), or not finite and positive."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise InputError(f"eps must be a positive real number, got {type(eps).__name__} {eps!r}")
+    value = float(eps)
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"eps must be a finite positive number, got {eps!r}")
+
+
+def _kind(array: Any) -> str:
+    """The library an array belongs to, by its type's top-level module ('numpy', 'cupy')."""
+    return type(array).__module__.partition(".")[0]
+
+
+def _dtype_name(array: Any, name: str) -> str:
     dtype = getattr(array, "dtype", None)
     try:
         return normalize_dtype(dtype)
     except ValueError:
         raise UnsupportedDtypeError(
-            f"unsupported dtype {dtype}: autonorm supports float32, float16 and bfloat16"
+            f"{name} has unsupported dtype {dtype}: autonorm supports float32, float16 and "
+            "bfloat16"
         ) from None
 
 

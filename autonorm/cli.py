@@ -2,21 +2,25 @@
 
 Thin: each command parses its options, builds the problem through its family
 (:mod:`autonorm.ops.registry`) and calls the library: :func:`autonorm.tune.session.tune_and_store`,
-the tuning database, :mod:`autonorm.export` or the family's ``render``.
+the tuning database, :mod:`autonorm.export` or the family's ``render``. Errors and warnings reach
+the user as single lines (:mod:`autonorm.cli_messages`).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+# First (isort keeps plain imports ahead): exits with a clear message if `import autonorm` found
+# a checkout's root, before any import below reads the package's names.
+import autonorm.checkout  # noqa: F401
 from autonorm import __version__
-from autonorm.dtypes import normalize_dtype
-from autonorm.errors import AutonormError, ConfigError
+from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
+from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite
+from autonorm.errors import ConfigError
 from autonorm.ops import registry
 from autonorm.ops.base import Problem
 from autonorm.ops.layer_norm.config import (
@@ -39,47 +43,8 @@ DEFAULT_OP = "layer_norm"
 DEFAULT_ELEMENTS = 1 << 26
 
 
-class DtypeParam(click.ParamType):
-    """A dtype name or alias (bf16, fp16, fp32, ...)."""
-
-    name = "dtype"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:  # noqa: D102
-        try:
-            return normalize_dtype(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class OpParam(click.ParamType):
-    """A kernel family's op name, checked against the registry when the command runs.
-
-    Not a fixed ``click.Choice``: a family registered after this module is imported (a plug-in,
-    a test) is a valid choice too.
-    """
-
-    name = "op"
-
-    def get_metavar(self, param: Any, *args: Any, **kwargs: Any) -> str:  # noqa: D102
-        return "[" + "|".join(registry.known()) + "]"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:  # noqa: D102
-        if value not in registry.known():
-            self.fail(f"{value!r} is not a known op ({', '.join(registry.known())})", param, ctx)
-        return value
-
-
-DTYPE = DtypeParam()
-
-OP = OpParam()
-
-
 def _problem(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool) -> Problem:
     """Build the problem of ``op`` from the shape options (the flags only when given)."""
-    if hidden < 1:
-        raise click.BadParameter(
-            f"hidden size must be at least 1, got {hidden}", param_hint="--hidden"
-        )
     fields: dict[str, Any] = {"hidden": hidden, "dtype": dtype}
     # Passed only when set: a family whose problem has no weight or bias still parses.
     if no_weight:
@@ -100,7 +65,7 @@ def _default_rows(hidden: int) -> int:
     return max(1, DEFAULT_ELEMENTS // hidden)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=MessageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autonorm")
 def main() -> None:
     """autonorm: generate, tune and run fast, exact CUDA kernels (LayerNorm forward first).
@@ -128,7 +93,8 @@ def _problem_options(func: Any) -> Any:
         "--dtype", type=DTYPE, default="bfloat16", show_default=True,
         help="dtype of the tensors: bf16, fp16 or fp32.",
     )(func)
-    func = click.option("--hidden", type=int, required=True, help="Hidden size (row length).")(func)
+    func = click.option("--hidden", type=click.IntRange(min=1), required=True,
+                        help="Hidden size (row length).")(func)
     func = click.option(
         "--op", type=OP, default=DEFAULT_OP, show_default=True, help="Kernel family.",
     )(func)
@@ -137,18 +103,19 @@ def _problem_options(func: Any) -> Any:
 
 @main.command()
 @_problem_options
-@click.option("--rows", type=int, default=None,
+@click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
               help="Rows to tune for (its power-of-two bucket keys the winner). "
                    "Default: 2^26 / hidden.")
-@click.option("--trials", type=int, default=40, show_default=True,
+@click.option("--trials", type=click.IntRange(min=1), default=40, show_default=True,
               help="Candidates to measure (verified and timed).")
-@click.option("--timeout", type=float, default=45.0, show_default=True,
-              help="Stop the search after this many seconds.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), callback=finite,
+              default=45.0, show_default=True, help="Stop the search after this many seconds.")
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+              help="Sampler seed.")
 @click.option("--storage", default=None,
               help="Optuna storage shared by workers: a journal file path (default: one per "
                    "study in the cache dir), redis://..., or postgresql://...")
-@click.option("--workers", type=int, default=1, show_default=True,
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes, one per local GPU, searching one shared study.")
 def tune(
     op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
@@ -168,14 +135,14 @@ def tune(
     _quiet_optuna()
     problem = _problem(op, hidden, dtype, no_weight, no_bias)
     rows = rows or _default_rows(hidden)
-    if rows < 1:
-        raise click.BadParameter("rows must be at least 1", param_hint="--rows")
-    if trials < 1 or timeout <= 0 or workers < 1:
-        raise click.UsageError("--trials and --workers must be >= 1 and --timeout > 0")
     try:
         info = query_device()
     except NoGPUError as exc:
         raise click.ClickException(f"autonorm tune needs a CUDA GPU: {exc}") from None
+    try:
+        registry.get(op).default(problem, info.limits())  # a shape no kernel runs: say so now
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(
         f"autonorm {__version__}: tuning {op} {problem.describe()}, rows={rows} on "
         f"{info.name} ({info.sm_count} SMs), study {session.study_for(problem, rows, info)}",
@@ -187,9 +154,8 @@ def tune(
             problem, rows, settings=settings, device=info, storage=storage, workers=workers
         )
     except KeyboardInterrupt:
-        click.echo("interrupted: finished trials are kept; run the same command to resume",
-                   err=True)
-        sys.exit(130)
+        fail("interrupted: finished trials are kept; run the same command to resume",
+             INTERRUPTED)
     _forget_dispatched_kernels()
     if not tuned.stored:
         raise click.ClickException(
@@ -247,7 +213,10 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
         except NoGPUError:
             device = None
     found = []
-    for source, store in (("user", TuningDB.open_user()), ("shipped", TuningDB.open_shipped())):
+    # Reading creates nothing: a missing user database has no winners, a read-only one is read.
+    for source, opener in (("user", TuningDB.open_user_to_read),
+                           ("shipped", TuningDB.open_shipped)):
+        store = opener()
         if store is None:
             continue
         with store:
@@ -263,29 +232,38 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
 
 @main.command()
 @_problem_options
-@click.option("--rows", type=int, default=None, help="Pick the winner tuned for this row count.")
+@click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
+              help="Pick the winner tuned for this row count.")
+@click.option("--arch", type=ARCH, default=None, metavar="sm_XX",
+              help="Export for this kind of GPU (sm_80, sm_90, sm_100, ...): its winners, or "
+                   "the default kernel for it. Default: the GPU the winner was tuned on.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory to write the .cu, .h and .json into.")
 def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
-           out_dir: Path) -> None:
+           arch: int | None, out_dir: Path) -> None:
     """Write a tuned kernel as standalone CUDA with a host launcher.
 
     The winner comes from your tuning database, then the shipped one; without one, the
-    family's untuned default is exported (with a warning). Prints the paths written.
+    family's untuned default is exported (with a warning). Prints the paths written, then
+    (on stderr) what they hold and the GPUs the source needs.
     """
     from autonorm import export as export_mod
+    from autonorm.cli_show import describe_export
 
     problem = _problem(op, hidden, dtype, no_weight, no_bias)
-    paths = export_mod.export_tuned(problem, out_dir, rows=rows)
+    try:
+        paths = export_mod.export_tuned(problem, out_dir, rows=rows, arch=arch)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write the export into {out_dir}: {exc.strerror or exc}"
+        ) from None
     for path in paths:
         click.echo(str(path))
     # What the files hold, for a person (stderr: stdout stays the list of paths for scripts).
     manifest = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
-    extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
-             f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the header)"
-             if manifest.get("workspace_bytes") else "")
-    click.echo(f"{manifest['label']} ({manifest['source']}): {manifest['function']}(){extra}",
-               err=True)
+    click.echo(describe_export(manifest), err=True)
 
 
 # LayerNorm's configuration fields as options of `render` (other ops take --config).
@@ -343,6 +321,8 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
         if unknown:
             raise click.BadParameter(f"{op} has no field {', '.join(unknown)}",
                                      param_hint="--config")
+        for name, value in chosen.items():
+            _check_field_type(name, value, base[name])
         if op == DEFAULT_OP and chosen.get("cache") == "bulk":
             # The bulk-copy kernel fixes its statistics and grid; it needs stages.
             base.update(BULK_FIXED, stages=2)
@@ -350,6 +330,20 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
         click.echo(family.render(config, problem, H200).source, nl=False)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+# How --config's errors name the type a field takes.
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_field_type(name: str, value: Any, default: Any) -> None:
+    """Refuse a field value of another type than its default's (a string for an int, ...)."""
+    wanted = type(default)
+    if default is None or type(value) is wanted or (wanted is float and type(value) is int):
+        return
+    raise click.BadParameter(
+        f"{name} takes {_TYPE_WORDS.get(wanted, wanted.__name__)} (default "
+        f"{json.dumps(default)}), got {json.dumps(value)}", param_hint="--config")
 
 
 def _parse_config(text: str | None) -> dict[str, Any]:
@@ -366,9 +360,5 @@ def _parse_config(text: str | None) -> dict[str, Any]:
 
 
 def run() -> None:
-    """Console entry point with autonorm errors shown as one clear line."""
-    try:
-        main(standalone_mode=True)
-    except AutonormError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    """Console entry point: every error ends in one line (:class:`MessageGroup`)."""
+    main()

@@ -1,4 +1,8 @@
-"""How ``autonorm show`` prints tuned winners: a table for a person, records for a script."""
+"""What the command line prints about kernels.
+
+``autonorm show``'s table (for a person) and records (for a script), and what ``autonorm
+export`` says about the files it wrote.
+"""
 
 from __future__ import annotations
 
@@ -72,3 +76,20 @@ def print_table(found: Sequence[tuple[str, Winner]], title: str) -> None:
         # Piped or redirected: whole rows rather than a table folded to 80 columns.
         console = Console(width=max(console.width, 150))
     console.print(table)
+
+
+def describe_export(manifest: dict[str, Any]) -> str:
+    """Say what an export holds and which GPUs its source needs, from its manifest (two lines)."""
+    from autonorm.export.arch import arch_name, describe_cc
+
+    extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
+             f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the header)"
+             if manifest.get("workspace_bytes") else "")
+    target = manifest["target"]
+    least = target["min_compute_capability"]
+    return (
+        f"{manifest['label']} ({manifest['source']}): {manifest['function']}(){extra}\n"
+        f"needs a GPU of compute capability {describe_cc(least)} ({arch_name(least)}) or newer; "
+        f"made for {target['arch']} ({manifest['device_limits']['name']}): compile with "
+        f"nvcc -arch={target['arch']}"
+    )

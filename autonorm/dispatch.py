@@ -53,7 +53,9 @@ def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
     info = query_device(device_id)
     stores = []
     try:
-        stores.append(TuningDB.open_user())
+        user = TuningDB.open_user_to_read()  # read-only where it cannot be written
+        if user is not None:
+            stores.append(user)
     except Exception:  # noqa: BLE001 - a broken user DB must not stop inference
         pass
     try:

@@ -45,3 +45,7 @@ class CorruptDatabaseWarning(UserWarning):
 
 class ConfigError(AutonormError, ValueError):
     """A configuration cannot run a problem, or no configuration can (unsupported hidden size)."""
+
+
+class ReadOnlyDatabaseWarning(UserWarning):
+    """The user's tuning database cannot be written: its winners are read, no result is stored."""

@@ -1,7 +1,8 @@
 """Every path and environment variable autonorm reads, in one place.
 
 Environment variables:
-    AUTONORM_DB: path of the user's tuning database (default: per-user cache dir).
+    AUTONORM_DB: path of the user's tuning database (default: per-user cache dir); where it
+        cannot be written, its winners are read and tuning refuses to start.
     AUTONORM_CACHE_DIR: root of autonorm's per-user cache (compiled kernels, studies).
     AUTONORM_SHIPPED_DB: override the path of the read-only shipped database.
     AUTONORM_NO_SHIPPED_DB: set to 1 to ignore the shipped database (tests, A/B runs).

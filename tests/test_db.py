@@ -612,6 +612,19 @@ def test_newer_schema_raises(tmp_path: Path, read_only: bool) -> None:
     assert len(raw["trials"]) == 1
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_an_unreadable_schema_version_names_the_file(tmp_path: Path, read_only: bool) -> None:
+    path = tmp_path / "odd.db"
+    with TuningDB(path) as db:
+        db.db["meta"].update("schema_version", {"value": "two"})
+    with pytest.raises(DatabaseError) as info:
+        TuningDB(path, read_only=read_only)
+    assert str(info.value) == (
+        f"tuning database {path} has an unreadable schema_version 'two' (not a number)"
+    )
+    assert read_raw(path)["meta"] == [{"key": "schema_version", "value": "two"}]
+
+
 def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     Database(path)["notes"].insert({"text": "not autonorm"}).db.close()
@@ -854,5 +867,7 @@ def test_snapshot_is_one_file_of_winners_and_devices(tmp_path: Path) -> None:
         assert shipped.trials() == []
     with TuningDB(with_trials, read_only=True) as copy:
         assert len(copy.trials()) == 50
-    # Nothing left beside them: no half-built file, no journal of the copies.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db", "t.db", "user.db"]
+    # Nothing left beside them: no half-built file, no journal of the copies (user.db.lock is
+    # the lock file of the writable source, which every writable open holds shared).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db", "t.db", "user.db",
+                                                          "user.db.lock"]

@@ -455,7 +455,7 @@ def test_export_from_db_device_choice(
     user_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stamps = iter(["2026-11-01T00:00:00+00:00", "2026-11-02T00:00:00+00:00"] * 4)
-    monkeypatch.setattr("autonorm.store.db._utc_now", lambda: next(stamps))
+    monkeypatch.setattr("autonorm.store.records.utc_now", lambda: next(stamps))
     a100_config = KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)
     _add_winner(user_db, _key(H200), CLUSTER)
     _add_winner(user_db, _key(A100), a100_config, device=A100)  # tuned last: the most recent

@@ -127,7 +127,7 @@ def test_affine_of_the_wrong_shape(cp, which, shape):
 @pytest.mark.parametrize("eps", [0.0, -0.0, -1e-5, float("nan"), float("-inf")])
 def test_eps_must_be_a_positive_number(cp, eps):
     x = make(cp, (4, 64), "float32")
-    with pytest.raises(InputError, match="eps must be a positive number"):
+    with pytest.raises(InputError, match=r"eps must be a (finite )?positive (real )?number"):
         autonorm.layer_norm(x, eps=eps)
 
 
@@ -135,7 +135,7 @@ def test_eps_must_be_a_positive_number(cp, eps):
 @pytest.mark.parametrize("eps", ["1e-5", None])
 def test_eps_that_is_not_a_number_is_an_input_error(cp, eps):
     x = make(cp, (4, 64), "float32")
-    with pytest.raises(InputError, match="eps must be a positive number"):
+    with pytest.raises(InputError, match=r"eps must be a (finite )?positive (real )?number"):
         autonorm.layer_norm(x, eps=eps)
 
 

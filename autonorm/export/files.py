@@ -2,7 +2,8 @@
 
 Any family exports: its kernel is rendered as at run time, and written as ``<basename>.cu``
 with a ``<basename>.json`` manifest that says what it is (problem, configuration, kernel name,
-launch plan, device limits, metrics, provenance). A family with export hooks
+launch plan, target architecture and the oldest compute capability that runs it, device limits,
+metrics, provenance). A family with export hooks
 (:class:`autonorm.ops.base.Exporter`, e.g. LayerNorm's host launcher) supplies its own files
 and manifest entries instead of the bare kernel source.
 
@@ -133,6 +134,10 @@ def render_export(
         "label": config.label(),
         "kernel_name": kernel.name,
         "launch": own.get("launch", dataclasses.asdict(kernel.launch)),
+        "target": {
+            "arch": limits.arch,
+            "min_compute_capability": min_compute_capability(kernel, limits),
+        },
         "device_limits": dataclasses.asdict(limits),
         "source": "explicit",
         "tuned_for": None,
@@ -141,6 +146,16 @@ def render_export(
         "metrics": _jsonable(metrics) if metrics is not None else None,
     }
     return ExportedKernel(basename, sources, manifest, kernel)
+
+
+def min_compute_capability(kernel: RenderedKernel, limits: DeviceLimits) -> int:
+    """Return the oldest compute capability that runs ``kernel``, rendered for ``limits``.
+
+    The family says (its ``min_compute_capability`` hook); a family without the hook is taken
+    to need the architecture it was rendered for.
+    """
+    hook = getattr(family_of(kernel.problem), "min_compute_capability", None)
+    return int(hook(kernel, limits)) if hook is not None else limits.cc
 
 
 def write_export(exported: ExportedKernel, out_dir: Path) -> list[Path]:

@@ -3,8 +3,10 @@
 Export runs without a GPU, so it also says which GPU it exports for: the one given, or else,
 per database, the only device with a usable winner for the problem, or the one tuned most
 recently. The limits of that device come from the database's devices table (an H200's when it
-is not recorded). What a reader of the export should know about that choice goes into the
-manifest's notes.
+is not recorded). An export for a kind of GPU (``arch``, a compute capability) takes only the
+winners of devices of that kind, and otherwise the default configuration for the kind's limits
+(:mod:`autonorm.export.arch`). What a reader of the export should know about that choice goes
+into the manifest's notes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from autonorm import lookup
 from autonorm.dtypes import normalize_dtype
+from autonorm.errors import AutonormError
+from autonorm.export import arch as arches
 from autonorm.export.files import render_export, write_export
 from autonorm.ops import registry
 from autonorm.ops.base import Config, Problem, problem_key, rows_bucket
@@ -62,6 +66,7 @@ def export_from_db(
     op: str = "layer_norm",
     rows: int | None = None,
     device_fingerprint: str | None = None,
+    arch: int | None = None,
     basename: str | None = None,
     **fields: Any,
 ) -> list[Path]:
@@ -74,6 +79,7 @@ def export_from_db(
         op: the kernel family.
         rows: the row count to export for; None takes the largest tuned rows bucket.
         device_fingerprint: the GPU to export for (see :func:`find_tuned`).
+        arch: the compute capability of the kind of GPU to export for (e.g. 80).
         basename: file stem (default :func:`autonorm.export.files.default_basename`).
         **fields: the family's other problem fields (LayerNorm: ``has_weight``, ``has_bias``).
 
@@ -88,7 +94,7 @@ def export_from_db(
     """
     problem = registry.get(op).problem(hidden=hidden, dtype=normalize_dtype(dtype), **fields)
     return export_tuned(problem, out_dir, rows=rows, device_fingerprint=device_fingerprint,
-                        basename=basename)
+                        arch=arch, basename=basename)
 
 
 def export_tuned(
@@ -97,6 +103,7 @@ def export_tuned(
     *,
     rows: int | None = None,
     device_fingerprint: str | None = None,
+    arch: int | None = None,
     basename: str | None = None,
 ) -> list[Path]:
     """Export the tuned winner for ``problem`` (see :func:`find_tuned`) into ``out_dir``.
@@ -107,7 +114,7 @@ def export_tuned(
     """
     if rows is not None and rows < 0:
         raise ValueError(f"rows must be >= 0, got {rows}")
-    choice = find_tuned(problem, rows=rows, device_fingerprint=device_fingerprint)
+    choice = find_tuned(problem, rows=rows, device_fingerprint=device_fingerprint, arch=arch)
     if choice.source == "default":
         warnings.warn(choice.notes[0][1], DefaultConfigWarning, stacklevel=2)
     tuned_for = None
@@ -134,21 +141,30 @@ def export_tuned(
 
 
 def find_tuned(
-    problem: Problem, *, rows: int | None = None, device_fingerprint: str | None = None
+    problem: Problem, *, rows: int | None = None, device_fingerprint: str | None = None,
+    arch: int | None = None,
 ) -> TunedChoice:
     """Pick the configuration to export for ``problem`` from the user and shipped databases.
 
     The order is :func:`autonorm.lookup.choose`'s, and so is the test of a winner: it must
     still render the kernel that was timed, since the exported source is rendered by this
     autonorm. The device is ``device_fingerprint``, or else, per database, the only device with
-    a winner for this problem, or the one tuned most recently.
+    a winner for this problem, or the one tuned most recently; with ``arch`` (a compute
+    capability), only devices of that kind count, and without a winner the default is rendered
+    for the kind's limits.
+
+    Raises:
+        AutonormError: ``arch`` is neither recorded in a database nor known
+            (:data:`autonorm.export.arch.KNOWN`).
+        autonorm.errors.DatabaseError: a database cannot be read.
+
     """
-    stores: list[TuningDB] = [TuningDB.open_user()]
+    stores: list[TuningDB] = []
     try:
-        shipped = TuningDB.open_shipped()
-        if shipped is not None:
-            stores.append(shipped)
-        choice = choose_tuned(stores, problem, rows, device_fingerprint)
+        for store in (TuningDB.open_user_to_read(), TuningDB.open_shipped()):
+            if store is not None:
+                stores.append(store)
+        choice = choose_tuned(stores, problem, rows, device_fingerprint, arch)
     finally:
         for store in stores:
             store.close()
@@ -156,7 +172,8 @@ def find_tuned(
 
 
 def choose_tuned(
-    stores: list[TuningDB], problem: Problem, rows: int | None, fingerprint: str | None
+    stores: list[TuningDB], problem: Problem, rows: int | None, fingerprint: str | None,
+    arch: int | None = None,
 ) -> TunedChoice:
     """Apply :func:`find_tuned`'s choice to open databases (user first)."""
     op, key_problem = type(problem).op, problem_key(problem)
@@ -167,6 +184,8 @@ def choose_tuned(
         current = []
         for winner in store.winners(fingerprint, op, problem=key_problem):
             limits = store.device_limits(winner.key.device) or H200
+            if arch is not None and limits.cc != arch:
+                continue  # a winner of another kind of GPU
             try:
                 status, _ = lookup.verdict(winner, problem, limits)
             except (TypeError, ValueError):  # not a configuration of this family
@@ -182,10 +201,12 @@ def choose_tuned(
     recorded = None
     if fingerprint is not None:
         recorded = next((lim for s in stores if (lim := s.device_limits(fingerprint))), None)
+    if arch is not None and recorded is None:
+        recorded = kind_limits(stores, arch)
     fallback = lookup.Device(fingerprint or "", recorded or H200)
     choice = lookup.choose(problem, rows, fallback, searched, devices=devices)
     if choice.winner is None:
-        return _default(choice, problem, fingerprint, fallback.limits, stale)
+        return _default(choice, problem, fingerprint, fallback.limits, stale, arch)
     winner = choice.winner
     store = next(s for s in searched if s.source == winner.source)
     recorded = store.device_limits(winner.key.device)
@@ -216,19 +237,50 @@ def choose_tuned(
     )
 
 
+def kind_limits(stores: list[TuningDB], cc: int) -> DeviceLimits:
+    """Return the limits of the kind of GPU of compute capability ``cc``.
+
+    Those of a recorded device of that kind (the one first seen most recently), else the
+    datasheet values of :data:`autonorm.export.arch.KNOWN`.
+
+    Raises:
+        AutonormError: no database records a device of that kind, and it is not known.
+
+    """
+    for store in stores:
+        kind = [d for d in store.devices() if d["cc"] == cc]
+        if kind:
+            newest = max(kind, key=lambda d: d["first_seen"])
+            limits = store.device_limits(newest["fingerprint"])
+            if limits is not None:
+                return limits
+    if cc in arches.KNOWN:
+        return arches.KNOWN[cc]
+    known = ", ".join(arches.arch_name(c) for c in sorted(arches.KNOWN))
+    raise AutonormError(
+        f"no tuning database records a GPU of {arches.arch_name(cc)}, and autonorm knows the "
+        f"limits of {known} only: tune on such a GPU, or export for one of those"
+    )
+
+
 def _default(
     choice: lookup.Choice, problem: Problem, fingerprint: str | None, limits: DeviceLimits,
-    stale: int,
+    stale: int, arch: int | None = None,
 ) -> TunedChoice:
     """Return the default configuration, with a warning note saying nothing was tuned."""
     version = registry.family_of(problem).code_version()
     where = f"on device {fingerprint}" if fingerprint else "on any device"
+    if arch is not None:
+        where = f"on any {arches.arch_name(arch)} device"
     notes = [(
         "warning",
         f"nothing is tuned for {problem.describe()} {where} with autonorm {version} (user and "
         "shipped databases): exported the untuned default configuration; run `autonorm tune` "
         "on the target GPU for a faster kernel",
     )]
+    if arch is not None:
+        notes.append(("info", f"rendered for the limits of an {limits.name} "
+                              f"({arches.arch_name(limits.cc)}, {limits.sm_count} SMs)"))
     if stale:
         notes.append((
             "info",

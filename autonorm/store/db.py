@@ -6,10 +6,11 @@ shipped with autonorm (``settings.shipped_db_path()``). Both have the same schem
 
 Writable file databases use WAL journaling, a busy timeout and retries with backoff, so several
 tuning processes can write one file at once without losing a row. A file that is not a valid
-SQLite database is moved aside and replaced by a fresh one, with a warning
-(:mod:`autonorm.store.connection`). The shipped database is opened with SQLite's ``mode=ro`` and
-``immutable=1``: it cannot be written even by accident, and no ``-wal`` or ``-shm`` file appears
-next to it.
+SQLite database is moved aside and replaced by a fresh one, with a warning, once however many
+processes open it at the same time (:mod:`autonorm.store.connection`). A user database that
+cannot be written is read read-only (:meth:`TuningDB.open_user_to_read`). The shipped database
+is opened with SQLite's ``mode=ro`` and ``immutable=1``: it cannot be written even by accident,
+and no ``-wal`` or ``-shm`` file appears next to it.
 
 The database stores and returns winners; whether one still describes the kernel that would run
 is :mod:`autonorm.lookup`'s question.
@@ -21,9 +22,8 @@ import json
 import math
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlite_utils import Database
 
@@ -33,7 +33,7 @@ from autonorm.ops.base import Config
 from autonorm.results import FAILURE_CLASSES, Outcome
 from autonorm.runtime.device import DeviceInfo
 from autonorm.runtime.limits import DeviceLimits
-from autonorm.store import connection, schema
+from autonorm.store import connection, records, schema
 from autonorm.store.keys import TuningKey, Winner
 from autonorm.store.schema import KEY_COLUMNS, SCHEMA_VERSION, TRIAL_METRIC_COLUMNS
 
@@ -100,10 +100,41 @@ class TuningDB:
 
     @classmethod
     def open_user(cls) -> TuningDB:
-        """Open the user's writable database (``settings.user_db_path()``), creating it."""
+        """Open the user's database (``settings.user_db_path()``) to write, creating it.
+
+        Raises:
+            DatabaseError: it cannot be created or written (a read-only file, directory or
+                file system): tuning results cannot be stored there.
+
+        """
         path = settings.user_db_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseError(
+                f"cannot create the directory of tuning database {path}: {exc.strerror} "
+                f"({exc.filename})"
+            ) from exc
         return cls(path)
+
+    @classmethod
+    def open_user_to_read(cls) -> TuningDB | None:
+        """Open the user's database to read its winners; None if there is none.
+
+        Creates nothing. A file that cannot be written is opened read-only, with a
+        :class:`~autonorm.errors.ReadOnlyDatabaseWarning` (once per process); a writable one
+        is opened as :meth:`open_user` does (migrated, or set aside if corrupt).
+        """
+        path = settings.user_db_path()
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise DatabaseError(f"tuning database {path} is not a file")
+        reason = connection.read_only_reason(path)
+        if reason is None:
+            return cls(path)
+        connection.report_read_only(path, reason)
+        return cls(path, read_only=True)
 
     @classmethod
     def open_shipped(cls) -> TuningDB | None:
@@ -135,7 +166,7 @@ class TuningDB:
     @property
     def schema_version(self) -> int | None:
         """The schema version stored in the file (None for a database without one)."""
-        return schema.read_schema_version(self._db)
+        return schema.read_schema_version(self._db, self._describe())
 
     # -- devices ---------------------------------------------------------------------------
 
@@ -157,7 +188,7 @@ class TuningDB:
 
         def write(db: Database) -> None:
             # Insert-or-ignore sets first_seen once; the update then refreshes the rest.
-            db["devices"].insert({**props, "first_seen": _utc_now()}, ignore=True)
+            db["devices"].insert({**props, "first_seen": records.utc_now()}, ignore=True)
             db["devices"].update(info.fingerprint, props)
 
         self._transact(write)
@@ -222,16 +253,16 @@ class TuningDB:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         columns = {name: (metrics or {}).get(name) for name in TRIAL_METRIC_COLUMNS}
         row = {
-            **_key_columns(key),
+            **records.key_columns(key),
             "study": study,
             "trial_number": trial_number,
             "config": config,
-            "label": label or _label(key.op, config),
+            "label": label or records.label(key.op, config),
             "status": status,
             "error": error,
             "metrics": metrics,
             **columns,
-            "created_at": _utc_now(),
+            "created_at": records.utc_now(),
         }
         return self._transact(lambda db: db["trials"].insert(row).last_rowid)
 
@@ -256,9 +287,9 @@ class TuningDB:
         Each dict has the table's columns, with ``config`` and ``metrics`` decoded from JSON
         (``metrics`` is None when none was recorded).
         """
-        where, args = _key_filter(key, KEY_COLUMNS) if key else (None, None)
+        where, args = records.key_filter(key, KEY_COLUMNS) if key else (None, None)
         rows = self._db["trials"].rows_where(where, args, order_by="id")
-        return [_decode_trial(row) for row in rows]
+        return [records.decode_trial(row) for row in rows]
 
     # -- winners ---------------------------------------------------------------------------
 
@@ -276,13 +307,13 @@ class TuningDB:
         """
         if not kernel:
             raise ValueError("a winner needs the digest of its kernel")
-        row = {**_key_columns(key), "config": config, "metrics": metrics, "kernel": kernel,
-               "legacy_version": None, "tuned_at": _utc_now()}
+        row = {**records.key_columns(key), "config": config, "metrics": metrics, "kernel": kernel,
+               "legacy_version": None, "tuned_at": records.utc_now()}
         self._transact(lambda db: db["winners"].upsert(row, pk=KEY_COLUMNS))
 
     def get_winner(self, key: TuningKey) -> Winner | None:
         """Return the winner for exactly ``key``, or None."""
-        where, args = _key_filter(key, KEY_COLUMNS)
+        where, args = records.key_filter(key, KEY_COLUMNS)
         row = next(self._db["winners"].rows_where(where, args, limit=1), None)
         return self._to_winner(row) if row else None
 
@@ -301,7 +332,7 @@ class TuningDB:
         kernel tuned for more rows degrades more gracefully on fewer than the reverse: its
         grid only gets smaller). ``key``'s own bucket, if it has a winner, comes first.
         """
-        where, args = _key_filter(key, KEY_COLUMNS[:-1])
+        where, args = records.key_filter(key, KEY_COLUMNS[:-1])
         rows = list(self._db["winners"].rows_where(where, args))
         target = math.log2(key.rows_bucket)
         rows.sort(key=lambda r: (abs(math.log2(r["rows_bucket"]) - target), -r["rows_bucket"]))
@@ -342,7 +373,7 @@ class TuningDB:
         return str(self.path) if self.path else "in-memory tuning database"
 
     def _ensure_schema(self) -> None:
-        version = schema.read_schema_version(self._db)
+        version = schema.read_schema_version(self._db, self._describe())
         if version == SCHEMA_VERSION:
             return
         if version is not None and version > SCHEMA_VERSION:
@@ -363,37 +394,3 @@ class TuningDB:
         """Run ``body`` in one write transaction, retrying it while the file is locked."""
         self._require_writable()
         return connection.transact(self._db, body, self._describe())
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _key_columns(key: TuningKey) -> dict[str, Any]:
-    """The key's columns, and the plain dtype and hidden columns beside them."""
-    columns = {column: getattr(key, column) for column in KEY_COLUMNS}
-    return {**columns, "dtype": key.dtype, "hidden": key.hidden}
-
-
-def _key_filter(key: TuningKey, columns: tuple[str, ...]) -> tuple[str, list[Any]]:
-    return " AND ".join(f"[{c}] = ?" for c in columns), [getattr(key, c) for c in columns]
-
-
-def _decode_trial(row: dict) -> dict:
-    row = dict(row)
-    row["config"] = json.loads(row["config"])
-    row["metrics"] = json.loads(row["metrics"]) if row["metrics"] is not None else None
-    return row
-
-
-def _label(op: str, config: dict) -> str:
-    """Return the family's label of a whole configuration; other dicts get ``k=v`` pairs."""
-    from autonorm.ops import registry
-
-    try:
-        whole = registry.get(op).config_from_dict(config)
-        if whole.to_dict() == config:
-            return whole.label()
-    except (KeyError, TypeError, ValueError):
-        pass  # an unknown op, or parameters that make no configuration
-    return ",".join(f"{k}={config[k]}" for k in sorted(config))

@@ -6,18 +6,32 @@ recovery, a journal-mode change, a deferred transaction that cannot upgrade), so
 are also retried here, with exponential backoff and jitter so that contending processes spread
 out. A file that fails ``PRAGMA quick_check`` is renamed aside, with its sidecar files, so that
 a fresh database can take its place.
+
+Processes that open one file at once agree through the lock file ``<db>.lock`` beside it
+(:func:`locked`): each holds it shared while it opens and checks the file, and the one that
+sets a corrupt file aside holds it exclusive. So no file is renamed while another process is
+still reading it (its connection could otherwise delete the new file's ``-wal`` as it closes),
+and a process that waited finds the fresh file in place and uses it instead of setting aside
+a healthy database that others have already written to.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, recovery is unguarded
+    fcntl = None  # type: ignore[assignment]
 
 from autonorm.errors import DatabaseError
 
@@ -44,6 +58,9 @@ _SQLITE_NOTADB = 26
 # it (evidence for a bug report), so that none is ever paired with the fresh file.
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 
+# The lock file beside a database (:func:`locked`).
+LOCK_SUFFIX = ".lock"
+
 _T = TypeVar("_T")
 
 
@@ -65,25 +82,74 @@ def find_corruption(conn: sqlite3.Connection) -> str | None:
     return "; ".join(str(r[0]) for r in rows[:3])
 
 
-def set_aside(path: Path) -> Path:
-    """Rename a corrupt database (and its sidecar files) to ``<name>.corrupt-<UTC time>``."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+@contextlib.contextmanager
+def locked(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold the lock file of the database ``path``: shared to open it, exclusive to replace it.
+
+    Raises:
+        DatabaseError: the lock file cannot be created (a read-only directory).
+
+    """
+    lock_path = path.with_name(path.name + LOCK_SUFFIX)
     try:
-        os.replace(path, aside)
-    except FileNotFoundError:
-        pass  # another process set it aside first
-    for suffix in SIDECAR_SUFFIXES:
-        sidecar = path.with_name(path.name + suffix)
         try:
-            os.replace(sidecar, aside.with_name(aside.name + suffix))
-        except FileNotFoundError:
-            pass
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            fd = os.open(lock_path, os.O_RDONLY)  # another user's lock file locks as well
+    except OSError as exc:
+        raise DatabaseError(
+            f"cannot create the lock file {lock_path} of tuning database {path}: {exc.strerror}"
+        ) from exc
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt database (and its sidecars) to ``<name>.corrupt-<UTC time>[-<n>]``.
+
+    The name is one that no file has yet, and no earlier file is ever replaced, so every corrupt
+    file stays as evidence. The caller holds :func:`locked` exclusive.
+    """
+    stamp = utc_stamp()
+    for n in itertools.count(1):
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n > 1 else ""))
+        names = [aside.with_name(aside.name + suffix) for suffix in ("", *SIDECAR_SUFFIXES)]
+        if not any(os.path.lexists(name) for name in names) and _move_new(path, aside):
+            break
+    for suffix in SIDECAR_SUFFIXES:
+        sidecar, dest = path.with_name(path.name + suffix), aside.with_name(aside.name + suffix)
+        if os.path.lexists(sidecar) and not _move_new(sidecar, dest):
+            raise DatabaseError(f"cannot set {sidecar} aside: {aside.name}{suffix} exists")
     return aside
+
+
+def utc_stamp() -> str:
+    """The UTC time in the names of files set aside, e.g. ``20261201T235023Z``."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _move_new(source: Path, dest: Path) -> bool:
+    """Rename ``source`` to ``dest`` unless ``dest`` exists (then return False, moving nothing).
+
+    A hard link never replaces a file, where ``os.rename`` silently would. A file system without
+    hard links falls back to a check and a rename, which the exclusive lock keeps from racing
+    with other autonorm processes.
+    """
+    try:
+        os.link(source, dest)
+    except FileExistsError:
+        return False
+    except OSError:
+        if os.path.lexists(dest):
+            return False
+        os.rename(source, dest)
+        return True
+    os.unlink(source)
+    return True
 
 
 def is_corruption(exc: sqlite3.Error) -> bool:

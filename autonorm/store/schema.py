@@ -187,7 +187,7 @@ MIGRATIONS: dict[int, Callable[[Database], None]] = {1: _migrate_v1_to_v2, 2: _m
 def upgrade(db: Database, where: str) -> None:
     """Create or migrate the schema to SCHEMA_VERSION (inside a write transaction)."""
     # Read again under the write lock: another process may have upgraded meanwhile.
-    version = read_schema_version(db)
+    version = read_schema_version(db, where)
     if version == SCHEMA_VERSION:
         return
     if version is None:
@@ -205,8 +205,13 @@ def upgrade(db: Database, where: str) -> None:
     db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
 
 
-def read_schema_version(db: Database) -> int | None:
-    """Return the schema version stored in ``db`` (None for a database without one)."""
+def read_schema_version(db: Database, where: str = "?") -> int | None:
+    """Return the schema version stored in ``db`` (None for a database without one).
+
+    Raises:
+        DatabaseError: the stored version is not a number (the message names ``where``).
+
+    """
     if not db["meta"].exists():
         return None
     row = next(db["meta"].rows_where("key = ?", ["schema_version"]), None)
@@ -215,7 +220,10 @@ def read_schema_version(db: Database) -> int | None:
     try:
         return int(row["value"])
     except (TypeError, ValueError):
-        raise DatabaseError(f"unreadable schema_version {row['value']!r}") from None
+        raise DatabaseError(
+            f"tuning database {where} has an unreadable schema_version {row['value']!r} "
+            "(not a number)"
+        ) from None
 
 
 def newer_schema_error(where: str, version: int) -> DatabaseError:

@@ -135,6 +135,22 @@ class LayerNormFamily:
 
         return launcher.launcher_files(kernel, basename)
 
+    def min_compute_capability(self, kernel: Any, device: DeviceLimits) -> int:
+        """Return the oldest compute capability that runs ``kernel``, rendered for ``device``.
+
+        Thread-block clusters and the bulk-copy engine (``cp.async.bulk``, mbarrier
+        transactions) need 9.0; L2 cache policies (``createpolicy``, keep_x) and ``cp.async``
+        fills need 8.0; other kernels build for 7.5, the oldest architecture of nvcc 13.
+        """
+        from autonorm.ops.layer_norm.plan import derive_plan
+
+        config = kernel.config
+        if config.cache == "bulk" or config.cluster > 1:
+            return 90
+        if config.keep_x or derive_plan(config, kernel.problem, device).async_fill:
+            return 80
+        return 75
+
     def export_manifest(self, kernel: Any, basename: str) -> dict[str, Any]:
         """Return the manifest entries of the launcher (functions, files, launch plan)."""
         from autonorm.ops.layer_norm import launcher
