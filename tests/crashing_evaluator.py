@@ -32,7 +32,7 @@ CUDA_RAISE = KernelConfig(256, 8, 1, "none", "welford", 1, 0)  # raises a CUDA-m
 BUG = KernelConfig(512, 8, 1, "smem", "welford", 1, 0)  # raises a plain TypeError
 
 CRASH_EXIT_CODE = 3
-HANG_S = 60.0
+HANG_S = 600.0  # past any wait of the tests: a hanging worker is always killed
 FAULT_ERROR = "CUDARuntimeError: cudaErrorIllegalAddress: an illegal memory access was encountered"
 
 

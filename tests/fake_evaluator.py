@@ -87,6 +87,7 @@ class FakeEvaluator:
         self.log_path = Path(log_path) if log_path else None
         self.retime_fn = retime_fn or (lambda config: (fake_median_us(config), 0.005))
         self.calls: list[KernelConfig] = []
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each evaluate(), monotonic
         self.prepared: list[list[KernelConfig]] = []
         self.retimed: list[tuple[list[KernelConfig], int]] = []
 
@@ -94,6 +95,13 @@ class FakeEvaluator:
         self.prepared.append(list(configs))
 
     def evaluate(self, config: KernelConfig) -> Outcome:
+        start = time.monotonic()
+        try:
+            return self._evaluate(config)
+        finally:
+            self.spans.append((start, time.monotonic()))
+
+    def _evaluate(self, config: KernelConfig) -> Outcome:
         self.calls.append(config)
         if self.log_path is not None:
             log_line(self.log_path, {"event": "evaluate", "config": config.to_dict()})

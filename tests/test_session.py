@@ -142,6 +142,22 @@ def test_nothing_verified_stores_nothing(user_db):
         assert len([t for t in db.trials(tuned.key) if t["status"] == "verification"]) == 8
 
 
+def test_the_stored_winner_is_the_fastest_that_verified(user_db):
+    """The fake timer's fastest kernels (the register cache) fail verification: never stored."""
+    evaluator = FakeEvaluator(fail=lambda c: "verification" if c.cache == "registers" else None)
+    tuned = run(evaluator)
+    wrong = [c for c in evaluator.calls if c.cache == "registers"]
+    assert wrong, "the seeds measure register-cache kernels"
+    right = [c for c in evaluator.calls if c.cache != "registers"]
+    assert tuned.stored and tuned.config == min(right, key=fake_median_us)
+    assert fake_median_us(tuned.config) > min(map(fake_median_us, wrong))
+    with TuningDB(user_db) as db:
+        winner = db.get_winner(tuned.key)
+        assert winner.config == tuned.config.to_dict() and winner.kernel == tuned.kernel
+        statuses = {FAMILY.config_from_dict(t["config"]): t["status"] for t in db.trials(tuned.key)}
+    assert all(statuses[c] == "verification" for c in wrong)
+
+
 def test_an_open_database_is_written_and_left_open(tmp_path, user_db):
     with TuningDB(tmp_path / "grid.db") as db:
         tuned = run(FakeEvaluator(), store=db)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from autonorm.numerics import from_float64
+from autonorm.ops.layer_norm.cases import Case, make_cases
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.verify import VerifyResult, verify
 
@@ -75,6 +76,7 @@ class LayerNormWorkload:
             for x, y in zip(self._xs, self._ys, strict=True)
         ]
         self._work_ptr = self._work.data.ptr
+        self._cases: list[Case] | None = None
 
     def launch(self, kernel: Any, index: int, stream_ptr: int) -> None:
         """Enqueue one launch of ``kernel`` on set ``index`` (below ``n_sets``) on a stream."""
@@ -87,4 +89,7 @@ class LayerNormWorkload:
             autonorm.errors.LaunchError: a launch failed (the evaluator classifies it).
 
         """
-        return verify(kernel, self.problem, eps=EPS)
+        if self._cases is None:
+            # Made once per workload: every candidate is verified on the same inputs.
+            self._cases = make_cases(self.problem)
+        return verify(kernel, self.problem, eps=EPS, cases=self._cases)
