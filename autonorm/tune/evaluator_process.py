@@ -55,7 +55,7 @@ def serve(
                 continue
             _send_or_exit(conn, _answer(evaluator, request))
     finally:
-        _close_evaluator(evaluator)
+        close_evaluator(evaluator)
 
 
 def _answer(evaluator: Any, request: tuple) -> tuple[str, Any]:
@@ -112,7 +112,7 @@ def _format(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)).rstrip()
 
 
-def _close_evaluator(evaluator: Any) -> None:
+def close_evaluator(evaluator: Any) -> None:
     """Release what the evaluator holds: its own close() if any, else its compile pool."""
     close = getattr(evaluator, "close", None)
     if callable(close):

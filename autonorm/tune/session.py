@@ -26,6 +26,7 @@ from autonorm.runtime.device import DeviceInfo
 from autonorm.runtime.limits import DeviceLimits
 from autonorm.store.db import TuningDB, TuningKey
 from autonorm.tune import search
+from autonorm.tune.evaluator_process import close_evaluator
 from autonorm.tune.storage import study_name_for
 from autonorm.tune.workers import run_workers
 
@@ -121,17 +122,6 @@ def _build_evaluator(
     return IsolatedEvaluator(build_gpu_evaluator, (problem, rows, device_id))
 
 
-def _close_evaluator(evaluator: Any) -> None:
-    """Release what the evaluator holds: its own close() if any, else its compile pool."""
-    close = getattr(evaluator, "close", None)
-    if callable(close):
-        close()
-        return
-    pool = getattr(evaluator, "pool", None)
-    if pool is not None:
-        pool.close()
-
-
 def _recorder(
     db: TuningDB, key: TuningKey, on_trial: search.OnTrial | None
 ) -> search.OnTrial:
@@ -165,7 +155,7 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
             seeds=spec["seeds"],
         )
     finally:
-        _close_evaluator(evaluator)
+        close_evaluator(evaluator)
         db.close()
 
 
@@ -296,7 +286,7 @@ def tune_and_store(
         )
     finally:
         if evaluator is not None:
-            _close_evaluator(evaluator)
+            close_evaluator(evaluator)
         if owned:
             db.close()
 
