@@ -40,16 +40,18 @@ requires_nvcc = pytest.mark.skipif(
     reason="nvcc not found on PATH: offline compile tests need the CUDA toolkit (CI has it)",
 )
 
-SWEEP_HIDDEN = (768, 1000, 4096, 16384, 65536)
+SWEEP_HIDDEN = (768, 1000, 4096, 4099, 16384, 65536)
 PER_HIDDEN = 32  # enough to reach each of the 25 code variants at every hidden size
 SEED = 1129
 MIN_KERNELS = 50
 AFFINE = ((True, False), (False, True), (False, False))
 
 
-def variant(cfg: KernelConfig) -> tuple[str, str, bool, bool, bool]:
-    """The template branches a configuration takes: cache, stats, cluster, prefetch, keep_x."""
-    return (cfg.cache, cfg.stats, cfg.cluster > 1, prefetches(cfg), cfg.keep_x)
+def variant(cfg: KernelConfig, problem: Problem) -> tuple[str, str, bool, bool, bool, bool]:
+    """The template branches a configuration takes: cache, stats, cluster, prefetch, keep_x,
+    and whether its rows are read skewed (its vector does not divide the hidden size)."""
+    return (cfg.cache, cfg.stats, cfg.cluster > 1, prefetches(cfg), cfg.keep_x,
+            problem.hidden % cfg.vec != 0)
 
 
 def code_label(cfg: KernelConfig) -> str:
@@ -68,7 +70,7 @@ def sample_configs(problem: Problem, n: int, rng: random.Random) -> list[KernelC
         code = code_label(cfg)
         if code not in seen:
             seen.add(code)
-            groups[variant(cfg)].append(cfg)
+            groups[variant(cfg, problem)].append(cfg)
     for members in groups.values():
         rng.shuffle(members)
     keys = sorted(groups)
@@ -167,7 +169,7 @@ def test_sweep_compiles_without_spills(sweep_results, dtype):
             bucket.append(f"{dtype} hidden={k.problem.hidden} {k.config.label()}: "
                           f"{report.registers} regs, {report.stack_frame} B frame, "
                           f"{report.spill_stores} B spill stores, {report.spill_loads} B loads")
-    variants = {variant(k.config) for k in kernels}
+    variants = {variant(k.config, k.problem) for k in kernels}
     bulk = sum(k.config.cache == "bulk" for k in kernels)
     assert bulk, "the sweep compiled no bulk-copy kernel"
     print(f"\n{dtype}: nvcc compiled {len(kernels)} kernels for sm_90 "
@@ -188,23 +190,32 @@ def test_sweep_includes_defaults_and_every_variant():
         for hidden in SWEEP_HIDDEN:
             problem = Problem(hidden, dtype)
             assert (problem, default_config(problem)) in configs
-        variants = {variant(k.config) for k in kernels}
+        variants = {variant(k.config, k.problem) for k in kernels}
         # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register
         # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster: 16,
-        # each with and without keep_x, except the 7 clustered fwd kernels (plain only)
-        assert len(variants) == 25, sorted(variants)
+        # each with and without keep_x, except the 7 clustered fwd kernels (plain only); and
+        # the 5 unclustered, unprefetched fwd kernels reading skewed rows, in both forms
+        skewed = {v for v in variants if v[5]}
+        assert skewed == {
+            (cache, stats, False, False, keep, True)
+            for cache, stats in (("registers", "two_pass"), ("registers", "welford"),
+                                 ("smem", "two_pass"), ("smem", "welford"), ("none", "welford"))
+            for keep in (False, True)
+        }, sorted(skewed)
+        assert len(variants) == 35, sorted(variants)
         assert not {v for v in variants if v[0] != "bulk" and v[2] and v[4]}
         assert {v for v in variants if v[0] == "bulk"} == {
-            ("bulk", "two_pass", cluster, False, keep)
+            ("bulk", "two_pass", cluster, False, keep, False)
             for cluster in (False, True) for keep in (False, True)
         }
         unclustered = {v for v in variants if v[0] == "bulk" or not v[2]}
-        assert {v[:4] + (not v[4],) for v in unclustered} == unclustered  # both forms
-        # every hidden size has a bulk kernel (fp32 65536 only with a cluster: 16 vectors per
-        # thread at 1024 threads exceed the bulk kernel's 8)
+        assert {v[:4] + (not v[4],) + v[5:] for v in unclustered} == unclustered  # both forms
+        # every hidden size but the odd one has a bulk kernel (fp32 65536 only with a cluster:
+        # 16 vectors per thread at 1024 threads exceed the bulk kernel's 8); TMA needs rows of
+        # whole 16-byte vectors
         assert {k.problem.hidden for k in kernels if k.config.cache == "bulk"} == set(
             SWEEP_HIDDEN
-        )
+        ) - {4099}
         # shared-memory caches filled by cp.async (plan.fills_async) are compiled too
         assert any(fills_async(k.config, k.problem) for k in kernels)
 
@@ -253,8 +264,9 @@ def branch(plan: Plan) -> tuple:
     config, shape = plan.config, plan.shape
     return (config.cache, config.stats, config.cluster > 1, config.keep_x,
             config.rows_per_block > 1, (shape.threads_per_row > 32) - (shape.threads_per_row < 32),
-            shape.even, plan.prefetch, plan.fp32_row, plan.async_fill, plan.fused_passes,
-            plan.unrolled_store, plan.fp32_tile, plan.weights_in_registers, plan.deferred_refill)
+            shape.even, shape.skewed, plan.prefetch, plan.fp32_row, plan.async_fill,
+            plan.fused_passes, plan.unrolled_store, plan.fp32_tile, plan.weights_in_registers,
+            plan.deferred_refill)
 
 
 def shipped_winners() -> list[RenderedKernel]:

@@ -146,6 +146,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "C": config.cluster,
         "ITERS": shape.iters,
         "EVEN": shape.even,
+        "SKEW": shape.skewed,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config.threads,
         "ONE_PASS": plan.fused_passes,

@@ -152,6 +152,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
             async_fill and sixteen_bit and config.stats == "two_pass"
             and config.rows_per_block == 1 and config.max_regs > 0 and config.threads <= 256
             and shape.iters <= UNROLL_STORE_ITERS
+            # a skewed row loads two vectors of weight and of bias a store: spilled at 64
+            and not shape.skewed
         ),
         # A tile read from shared memory until the last pass, with a stage to spare, a block
         # barrier in its first row sum and no cluster: clustered kernels ran x0.91-1.00 with

@@ -31,7 +31,16 @@ class Problem:
 
     @property
     def max_vec(self) -> int:
-        """Widest vector (elements) that is a 16-byte load and divides the hidden size."""
+        """Widest vector (elements): a 16-byte access.
+
+        Rows whose length it does not divide are read skewed: 16-byte accesses for every whole
+        vector of a row and narrow ones at its two ends (docs/kernels.md).
+        """
+        return 16 // self.itemsize
+
+    @property
+    def aligned_vec(self) -> int:
+        """Widest vector (elements) of at most 16 bytes that divides the hidden size."""
         vec = 16 // self.itemsize
         while self.hidden % vec:
             vec //= 2

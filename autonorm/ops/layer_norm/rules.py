@@ -41,6 +41,12 @@ WELFORD_RUN_MAX = 2048
 
 WELFORD_RUN_MAX_16BIT = 8192
 
+# Longest fp32 two-pass run one thread may make. After an outlier, each of the run's small
+# squares is rounded relative to the outlier's: on the verifier's outlier-first case (two
+# elements 3000 spreads above a mean-1000 row) 8 threads a row at fp32 12289, 1,536 elements
+# each, measured 2.3e-6 and 2.4e-6 on the H200 (tolerance 2e-6; docs/accuracy.md).
+TWO_PASS_RUN_MAX = 512
+
 
 def welford_run_cap(problem: Problem) -> int:
     """The most elements one thread may run Welford over for this problem's dtype."""
@@ -121,11 +127,6 @@ def _domain_reasons(config: KernelConfig, problem: Problem, allow_unstable: bool
         reasons.append(f"vec must be one of {VECS}")
     elif config.vec * problem.itemsize > 16:
         reasons.append(f"vec {config.vec} x {problem.itemsize} bytes exceeds a 16-byte access")
-    elif problem.hidden % config.vec:
-        reasons.append(
-            f"vec {config.vec} does not divide hidden {problem.hidden}: rows would start "
-            "misaligned for vector access"
-        )
     if config.rows_per_block not in ROWS_PER_BLOCK:
         reasons.append(f"rows_per_block must be one of {ROWS_PER_BLOCK}")
     elif config.threads % config.rows_per_block or config.threads < config.rows_per_block:
@@ -152,6 +153,11 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
     reasons = []
     if config.stages:
         reasons.append("stages apply to the bulk-copy kernel only (cache='bulk'); use 0")
+    if plan.shape.skewed and plan.prefetch:
+        # The prefetched next row starts at another offset into the vector grid than the one
+        # held; the prefetching kernel keeps rows on the grid.
+        reasons.append(f"vec {config.vec} does not divide hidden {plan.problem.hidden}: a "
+                       "prefetching kernel (register cache, persistent grid) needs it to")
     if config.keep_x and config.cluster > 1:
         # Clustered smem kernels with keep_x (16-byte cp.async fills with the hint) raised
         # cudaErrorIllegalInstruction on the H200 where their plain twins verified. Clustered
@@ -187,6 +193,10 @@ def _common_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
         # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
         # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
         reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
+    if (config.stats == "two_pass" and problem.itemsize == 4 and not plan.bulk
+            and shape.iters * config.vec > TWO_PASS_RUN_MAX):
+        reasons.append(f"fp32 two-pass over more than {TWO_PASS_RUN_MAX} elements per thread "
+                       "loses accuracy after an outlier")
     run_cap = welford_run_cap(problem)
     if config.stats == "welford" and shape.iters * config.vec > run_cap:
         reasons.append(

@@ -64,6 +64,14 @@ def register_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
             f"{config.threads}-thread fp32 kernels without a register cache spill at 64 registers "
             f"per thread with {shape.iters} vectors per thread here (nvcc 13.0)"
         )
+    if shape.skewed and config.cache == "registers" and shape.iters > SKEWED_CACHE_ITERS:
+        # The shifted weights' registers come on top of the row's: an fp16 25644 cache of 7
+        # vectors a thread spilled 56 bytes at 128 registers (nvcc 13.0).
+        reasons.append(f"a skewed register row cache of {shape.iters} vectors a thread spills "
+                       f"(at most {SKEWED_CACHE_ITERS})")
+    if shape.skewed and config.threads == 1024:
+        # 64 registers a thread: a bf16 62012 shared-memory row spilled 8 bytes (nvcc 13.0).
+        reasons.append("1024-thread kernels spill on skewed rows (64 registers a thread)")
     if spills_fp32_register_cache(plan):
         reasons.append(
             f"an fp32 register row cache of {shape.iters} vectors per thread spills with "
@@ -71,6 +79,10 @@ def register_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
             "(nvcc 13.0)"
         )
     return reasons
+
+
+# Vectors a thread a skewed register row cache may hold (see register_reasons).
+SKEWED_CACHE_ITERS = 4
 
 
 def spills_at_1024_fp32(plan: Plan) -> bool:
@@ -122,6 +134,12 @@ def max_regs_reasons(plan: Plan) -> list[str]:
         # (an out-of-sample ptxas sweep). The gain was measured in 16-bit only.
         return [f"max_regs {config.max_regs} applies to 16-bit rows only (fp32 kernels spill "
                 "under the cap)"]
+    if shape.skewed:
+        # The skewed row's shifted weights and partial vectors take registers of their own:
+        # under the cap ptxas spilled 24-40 bytes in fp16 register caches of 3 vectors a thread
+        # and 8 in a bf16 shared-memory row (nvcc 13.0, sm_90).
+        return [f"max_regs {config.max_regs} does not apply to skewed rows (vec {config.vec} "
+                f"does not divide hidden {problem.hidden}): they spill under the cap"]
     if config.cluster > 1:
         # A cluster's extra reductions and exchange spill under the cap: clustered register
         # caches in 111 of 567, uncached kernels in 10 of 399. Clustered smem kernels did not

@@ -29,28 +29,48 @@ class Shape:
     cache_regs: int  # 32-bit registers a thread spends on a register row cache
     smem_cache_bytes: int  # bytes of shared memory for a shared-memory row cache
     vec: int  # elements per vector access
+    skewed: bool = False  # rows start off the vector grid (vec does not divide the hidden size)
 
     @property
     def even(self) -> bool:
         """True when the vectors tile the segment exactly (no tail guard needed)."""
-        return self.segment == self.iters * self.threads_per_row * self.vec
+        return not self.skewed and self.segment == self.iters * self.threads_per_row * self.vec
 
     @property
     def vectors(self) -> int:
-        """Vectors of a segment (the last one partial when ``vec`` does not divide it)."""
-        return math.ceil(self.segment / self.vec)
+        """Vectors of a segment: the most a row spans.
+
+        The last one is partial when ``vec`` does not divide the segment. A skewed row starts
+        up to :func:`skew_max` elements into its first aligned vector, so it may span one more.
+        """
+        head = skew_max(self.segment, self.vec) if self.skewed else 0
+        return math.ceil((self.segment + head) / self.vec)
 
 
 def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     """Compute the per-thread work of ``config`` on ``problem`` (no validity checks)."""
     segment = problem.hidden // max(config.cluster, 1)
     tpr = max(config.threads // max(config.rows_per_block, 1), 1)
-    vectors = math.ceil(segment / config.vec)
+    # Rows whose length is not a multiple of the vector start at varying offsets into the
+    # aligned vector grid: each row covers its span of aligned vectors, partial at both ends.
+    skewed = problem.hidden % config.vec != 0
+    head = skew_max(problem.hidden, config.vec) if skewed else 0
+    vectors = math.ceil((segment + head) / config.vec)
     iters = math.ceil(vectors / tpr)
     vec_bytes = config.vec * problem.itemsize
     cache_regs = iters * math.ceil(vec_bytes / 4)
-    smem = config.rows_per_block * segment * problem.itemsize
-    return Shape(segment, tpr, iters, cache_regs, smem, config.vec)
+    row_elements = vectors * config.vec if skewed else segment
+    smem = config.rows_per_block * row_elements * problem.itemsize
+    return Shape(segment, tpr, iters, cache_regs, smem, config.vec, skewed)
+
+
+def skew_max(hidden: int, vec: int) -> int:
+    """The furthest a row of ``hidden`` elements starts into an aligned vector of ``vec``.
+
+    Row r starts (r * hidden) % vec elements in: every multiple of gcd(hidden, vec) below vec
+    comes round.
+    """
+    return vec - math.gcd(hidden, vec)
 
 
 def bulk_scratch_bytes(stages: int, rows_per_block: int, cluster: int = 1) -> int:

@@ -1,0 +1,158 @@
+"""GPU: rows off the vector grid verify at every alignment, and broken skewed kernels fail.
+
+Where the vector does not divide the hidden size, row r starts (r * hidden) % vec elements
+into an aligned vector and the row kernel reads it skewed (docs/kernels.md). The verifier's
+cases have :data:`VERIFY_ROWS` rows, so every offset a hidden size can have comes round in each
+case; the first test asserts that before it verifies a cover of the skewed kernel's template
+branches at hidden sizes 1 to a few past each vector width, and at odd sizes from 1,001 up.
+fp32 keeps its 1e-6 on rows of mean 1000 and spread 0.1. Three broken skewed kernels (pads
+counted in the statistics, weights read unshifted, partial vectors written whole) must fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+from collections import defaultdict
+
+import pytest
+
+from autonorm.dtypes import DTYPES, ITEMSIZE
+from autonorm.ops.layer_norm.cases import OUTLIER_CASE, VERIFY_ROWS
+from autonorm.ops.layer_norm.codegen import render
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.plan import Plan, derive_plan
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.space import default_config, enumerate_space
+
+pytestmark = pytest.mark.gpu
+
+ODD = (1001, 3001, 4097, 4099, 12289, 40001)
+
+# One broken skewed kernel per way its bookkeeping could go wrong: (text, replacement).
+BREAKS = {
+    # the pads (the row's first element) enter the centred sums
+    "pads-counted": ("if (!in_row(j * V - h + k)) continue;", ""),
+    # each vector takes the weights of the aligned grid, not the row's
+    "weights-unshifted": ("load_shifted(wseg, j, h)", "load_vec(wseg + (size_t)j * V)"),
+    # a partial vector is stored whole, over the neighbouring rows and past the last one
+    "whole-stores": ("  if (full) store_vec(p, v);", "  store_vec(p, v);"),
+}
+
+
+def small_hidden(dtype: str) -> list[int]:
+    """Hidden sizes 1 to three past the widest vector of ``dtype``."""
+    return list(range(1, 16 // ITEMSIZE[dtype] + 4))
+
+
+def branch(plan: Plan) -> tuple:
+    """The skewed template's branches a plan takes."""
+    c = plan.config
+    tpr = plan.shape.threads_per_row
+    return (c.cache, c.stats, c.rows_per_block > 1, c.keep_x, plan.fp32_row, plan.async_fill,
+            plan.fused_passes, plan.unrolled_store, (tpr > 32) - (tpr < 32), c.blocks_per_sm > 0)
+
+
+def skewed_cover(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001
+    """The default and one skewed configuration per template branch (fixed seed)."""
+    groups: dict[tuple, list[KernelConfig]] = defaultdict(list)
+    for cfg in enumerate_space(problem, limits):
+        plan = derive_plan(cfg, problem, limits)
+        if plan.shape.skewed:
+            groups[branch(plan)].append(cfg)
+    rng = random.Random(f"skew-{problem.hidden}-{problem.dtype}")
+    picks = [rng.choice(groups[key]) for key in sorted(groups, key=repr)]
+    default = default_config(problem, limits)
+    return [default, *[c for c in picks if c != default]]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Compile every kernel the tests launch up front, in a pool of processes."""
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
+
+    info = query_device()
+    pool = compiler.CompilePool(workers=max(1, min(16, (os.cpu_count() or 2) - 1)))
+    submitted = set()
+
+    def submit(rendered):  # noqa: ANN001, ANN202
+        if rendered.name not in submitted:
+            submitted.add(rendered.name)
+            pool.submit(rendered, info.arch)
+
+    def compile_one(rendered):  # noqa: ANN001, ANN202
+        submit(rendered)
+        error = pool.wait(rendered)
+        assert error is None, f"{rendered.config.label()} does not compile:\n{error[-3000:]}"
+        return compiler.compile_kernel(rendered)
+
+    compile_one.submit = submit
+    compile_one.limits = info.limits()
+    try:
+        yield compile_one
+    finally:
+        pool.close()
+
+
+def _problems() -> list[Problem]:
+    return [Problem(h, d) for d in DTYPES for h in (*small_hidden(d), *ODD)
+            if h % (16 // ITEMSIZE[d])]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_skewed_rows_verify_at_every_alignment(compiled, dtype: str) -> None:
+    from autonorm.ops.layer_norm.verify import verify
+
+    limits = compiled.limits
+    problems = [p for p in _problems() if p.dtype == dtype]
+    work = []
+    for problem in problems:
+        vec = problem.max_vec
+        offsets = {(r * problem.hidden) % vec for r in range(VERIFY_ROWS)}
+        step = math.gcd(problem.hidden, vec)
+        assert offsets == set(range(0, vec, step)), (problem, offsets)
+        for cfg in skewed_cover(problem, limits):
+            rendered = render(cfg, problem, limits)
+            compiled.submit(rendered)
+            work.append((problem, rendered))
+    assert any(derive_plan(r.config, p, limits).shape.skewed for p, r in work)
+    failures = []
+    for problem, rendered in work:
+        result = verify(compiled(rendered), problem)
+        if not result.ok:
+            failures.append(f"{problem.describe()} {rendered.config.label()}: {result.summary()}")
+    assert not failures, "\n".join(failures)
+    print(f"\n{dtype}: {len(work)} skewed kernels verified over {len(problems)} hidden sizes")
+
+
+@pytest.mark.parametrize("hidden", ODD)
+def test_fp32_offset_rows_stay_within_1e6_when_skewed(compiled, hidden: int) -> None:
+    from autonorm.ops.layer_norm.verify import verify
+
+    problem = Problem(hidden, "float32")
+    config = default_config(problem, compiled.limits)
+    assert derive_plan(config, problem, compiled.limits).shape.skewed, config.label()
+    result = verify(compiled(render(config, problem, compiled.limits)), problem)
+    assert result.ok, result.summary()
+    for case in ("offset", OUTLIER_CASE):
+        assert result.errors[case].rel_l2 <= 1e-6, (case, result.errors[case])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_a_broken_skewed_kernel_is_rejected(compiled, dtype: str, name: str) -> None:
+    from autonorm.ops.layer_norm.verify import verify
+
+    old, new = BREAKS[name]
+    problem = Problem(4099 if dtype != "float32" else 4097, dtype)
+    config = KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 1, 0)
+    rendered = render(config, problem, compiled.limits)
+    assert rendered.source.count(old) == 1, name
+    good = verify(compiled(rendered), problem)
+    assert good.ok, good.summary()
+    broken = dataclasses.replace(rendered, source=rendered.source.replace(old, new))
+    bad = verify(compiled(broken), problem)
+    assert not bad.ok, f"{name} passed: {bad.summary()}"
