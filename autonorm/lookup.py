@@ -5,29 +5,39 @@ user first, the order is:
 
 1. the user's winner for the exact rows bucket, then the shipped one;
 2. the user's winner of the nearest tuned bucket, then the shipped one;
-3. the family's default configuration, sound for any problem.
+3. a neighbour's winner, carried over: the user's, then the shipped ones, of the other
+   problems of the family that the family lets lend to this one (its optional
+   ``neighbour_distance``: for LayerNorm the same dtype and affine flags, a hidden size less
+   than 2x away) timed within ``NEIGHBOUR_MAX_OCTAVES`` of the middle of this rows bucket; the
+   nearest shape first (the family's distance plus the octaves between the row counts); the
+   first whose configuration the family's rules accept for this problem;
+4. the family's default configuration for the row count, sound for any problem.
 
 Without a row count (an export of "the" kernel of a problem) each database offers its winners
-from the largest bucket down instead.
+from the largest bucket down instead, a neighbour's too.
 
 A stored winner counts only if it still describes the kernel that would run: its configuration
 must pass the family's rules on the device, and rendering it must give the kernel that was
 timed, :func:`autonorm.codegen.environment.kernel_digest` being equal to the winner's
-``kernel``. A change of autonorm that leaves a kernel's code alone keeps its winners; one that
-changes the code retires them (docs/tuning.md). A winner migrated from a database older than
-schema 3 has no digest: it counts only if its family names the version that tuned it in
-``legacy_versions`` (versions whose kernels are proven to be rendered unchanged today).
+``kernel``. A neighbour's winner must pass the rules for both problems and render the kernel
+that was timed for its own. A change of autonorm that leaves a kernel's code alone keeps its
+winners; one that changes the code retires them (docs/tuning.md). A winner migrated from a
+database older than schema 3 has no digest: it counts only if its family names the version
+that tuned it in ``legacy_versions`` (versions whose kernels are proven to be rendered
+unchanged today).
 
 Nothing is cached here: dispatch caches what it picks, per process.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autonorm.codegen.environment import kernel_digest
+from autonorm.ops.base import problem_key, rows_bucket
 from autonorm.ops.registry import family_of
 from autonorm.store.keys import TuningKey, Winner
 
@@ -35,6 +45,12 @@ if TYPE_CHECKING:
     from autonorm.ops.base import Config, Problem
     from autonorm.runtime.limits import DeviceLimits
     from autonorm.store.db import TuningDB
+
+# How far, in octaves, the row count a neighbour's winner was timed at may lie from the middle
+# of the rows bucket looked up (4x): a kernel tuned for thousands of rows says little about a
+# few, where the default has a rule of its own (its regimes change at factors of about 8). A
+# shape of rows = 2^26 / hidden meets its neighbours' of 2^26 elements within 1.5.
+NEIGHBOUR_MAX_OCTAVES = 2.0
 
 # What a stored winner is to a problem on a device (see verdict()).
 USABLE = "usable"
@@ -60,9 +76,11 @@ class Choice:
         config: the configuration to run.
         source: 'user' or 'shipped' (the exact rows bucket, or the largest one when no row
             count was given), 'user-nearest' or 'shipped-nearest' (the nearest tuned bucket),
+            'user-neighbour' or 'shipped-neighbour' (another problem's winner, carried over),
             or 'default'.
-        winner: the stored winner it came from (None for the default). Two choices of the
-            same configuration and source are equal whatever winner they came from.
+        winner: the stored winner it came from (None for the default; a neighbour's has
+            that problem's key). Two choices of the same configuration and source are equal
+            whatever winner they came from.
 
     """
 
@@ -119,7 +137,8 @@ def choose(
         problem: what to run.
         rows: the row count (its bucket is looked up), or None for each database's largest
             tuned bucket.
-        device: the GPU to run on; the default configuration is the one for its limits.
+        device: the GPU to run on; the default configuration is the one for its limits and
+            ``rows``.
         stores: the open databases, in order of preference (the user's first).
         devices: the GPU to look up in each database, in the order of ``stores`` (default:
             ``device`` in every one); an export may take each database's winners of another
@@ -150,7 +169,12 @@ def choose(
                 choice = _first_usable(found, problem, place, source)
                 if choice is not None:
                     return choice
-    return Choice(family_of(problem).default(problem, device.limits), "default")
+    for store, place in places:
+        choice = _first_carried(_neighbours(store, place, problem, rows), problem, place,
+                                f"{store.source}-neighbour")
+        if choice is not None:
+            return choice
+    return Choice(family_of(problem).default(problem, device.limits, rows), "default")
 
 
 def _first_usable(
@@ -159,6 +183,72 @@ def _first_usable(
     for winner in winners:
         try:
             status, config = verdict(winner, problem, device.limits)
+        except (TypeError, ValueError):
+            continue  # a stored configuration the family cannot read: never run it
+        if status == USABLE:
+            return Choice(config, source, winner)
+    return None
+
+
+def _neighbours(
+    store: TuningDB, device: Device, problem: Problem, rows: int | None
+) -> list[tuple[Problem, Winner]]:
+    """The winners other problems of the family lend to ``problem``, nearest first.
+
+    A winner is a shape, a problem and a row count: nearest is the family's distance plus the
+    octaves between the row count it was timed at and the middle of the bucket looked up (a
+    bucket spans an octave: a winner timed at 16,384 rows and a launch of 16,810 fall in two).
+    So a winner of the same regime of rows a little further in hidden size comes before one
+    tuned for another regime (bf16 9488 at 7,073 rows: the 2^26-element winner of 12288, a bulk
+    kernel, before 8192's at 4,096 rows, a row kernel). Ties go to the nearer row count, then
+    the larger bucket; without a row count the largest bucket comes first. Winners timed more
+    than ``NEIGHBOUR_MAX_OCTAVES`` away are left out.
+    """
+    family = family_of(problem)
+    distance_of = getattr(family, "neighbour_distance", None)
+    if distance_of is None:
+        return []
+    own = problem_key(problem)
+    # The bucket's middle, in octaves: buckets hold (bucket / 2, bucket] rows.
+    target = None if rows is None else math.log2(rows_bucket(rows)) - 0.5
+    ranked = []
+    for winner in store.winners(device.fingerprint, type(problem).op, dtype=problem.dtype):
+        if winner.key.problem == own:
+            continue  # this problem's own winners: the steps before
+        try:
+            other = family.problem(**winner.key.fields)
+        except (TypeError, ValueError):
+            continue  # stored fields the family cannot read
+        distance = distance_of(problem, other)
+        if distance is None:
+            continue
+        octaves = 0.0 if target is None else abs(_timed_octave(winner) - target)
+        if octaves <= NEIGHBOUR_MAX_OCTAVES:
+            order = (distance + octaves, octaves, -winner.key.rows_bucket)
+            ranked.append((order, other, winner))
+    ranked.sort(key=lambda entry: entry[0])
+    return [(other, winner) for _, other, winner in ranked]
+
+
+def _timed_octave(winner: Winner) -> float:
+    """log2 of the row count a winner was timed at (its bucket's middle where not recorded)."""
+    rows = winner.metrics.get("rows") if isinstance(winner.metrics, dict) else None
+    if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0:
+        return math.log2(rows)
+    return math.log2(winner.key.rows_bucket) - 0.5
+
+
+def _first_carried(
+    neighbours: Sequence[tuple[Problem, Winner]], problem: Problem, device: Device, source: str
+) -> Choice | None:
+    """The first neighbour's winner current for its own problem and valid for ``problem``."""
+    family = family_of(problem)
+    for other, winner in neighbours:
+        try:
+            config = family.config_from_dict(winner.config)
+            if family.check(config, problem, device.limits):
+                continue  # the family's rules refuse it for this problem
+            status, _ = verdict(winner, other, device.limits)
         except (TypeError, ValueError):
             continue  # a stored configuration the family cannot read: never run it
         if status == USABLE:

@@ -105,7 +105,7 @@ class ScaleFamily:
         every = (ScaleConfig(t, v) for t in THREADS for v in VECS)
         return [c for c in every if not self.check(c, problem, device)]
 
-    def default(self, problem: ScaleProblem, device: DeviceLimits) -> ScaleConfig:
+    def default(self, problem: ScaleProblem, device: DeviceLimits, rows=None) -> ScaleConfig:
         return ScaleConfig()
 
     def seeds(self, problem, device, rows=None) -> list[ScaleConfig]:

@@ -13,7 +13,7 @@ from autonorm.ops import layer_norm as space
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm import rules
 from autonorm.ops.layer_norm.config import CLUSTERS, ROWS_PER_BLOCK, THREADS, KernelConfig
-from autonorm.ops.layer_norm.plan import min_blocks_per_sm, smem_bytes
+from autonorm.ops.layer_norm.plan import derive_plan, min_blocks_per_sm, smem_bytes
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, is_valid, require_valid
 from autonorm.ops.layer_norm.shape import derive_shape
@@ -55,11 +55,57 @@ def test_vector_wider_than_16_bytes_rejected():
     assert_accepted(bad, BF16_4096)
 
 
-def test_vec_not_dividing_hidden_rejected():
-    problem = Problem(1004, "bfloat16")  # 1004 = 4 x 251
-    bad = KernelConfig(threads=128, vec=8, cache="smem", stats="welford")
-    assert_rejected(bad, problem, "does not divide hidden 1004")
-    assert_accepted(dataclasses.replace(bad, vec=4), problem)
+def test_vec_not_dividing_hidden_reads_rows_skewed():
+    # 1004 = 4 x 251: 16-byte vectors do not tile a row, so rows start off the vector grid. The
+    # row kernel reads them skewed; the bulk kernel (TMA) and a prefetching kernel refuse them.
+    problem = Problem(1004, "bfloat16")
+    skewed = KernelConfig(threads=128, vec=8, cache="smem", stats="welford")
+    assert_accepted(skewed, problem)
+    plan = derive_plan(skewed, problem)
+    assert plan.shape.skewed and not plan.shape.even
+    assert plan.shape.vectors == 126  # ceil((1004 + 7) / 8): a row spans one vector more
+    assert not derive_plan(dataclasses.replace(skewed, vec=4), problem).shape.skewed
+    assert_rejected(KernelConfig(128, 8, 1, "bulk", "two_pass", 1, 0, 2), problem,
+                    "needs rows of whole 16-byte vectors")
+    assert_rejected(KernelConfig(128, 8, 1, "registers", "two_pass", 1, 4), problem,
+                    "a prefetching kernel")
+    assert_rejected(KernelConfig(1024, 8, 1, "smem", "two_pass", 2, 0), problem,
+                    "cluster x vec must divide hidden")
+
+
+def test_skewed_rows_keep_clear_of_the_spills_nvcc_showed():
+    # Under the 64-register cap, at 1024 threads and past 4 cached vectors a thread, skewed
+    # kernels spilled (nvcc 13.0, sm_90); their aligned twins are unaffected.
+    fp16 = Problem(4099, "float16")
+    assert_rejected(KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0, 0, 64), fp16,
+                    "does not apply to skewed rows")
+    assert_accepted(KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0), fp16)
+    assert_rejected(KernelConfig(1024, 8, 1, "smem", "two_pass", 1, 0), Problem(62012, "bfloat16"),
+                    "1024-thread kernels spill on skewed rows")
+    assert_rejected(KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0),
+                    Problem(25644, "float16"), "skewed register row cache of 7 vectors")
+    assert_accepted(KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0, 0, 64),
+                    Problem(4096, "float16"))
+
+
+def test_fp32_two_pass_runs_are_capped():
+    # 8 threads a row at fp32 12289 (1,536 elements each) failed the outlier case on the H200.
+    problem = Problem(12289, "float32")
+    assert_rejected(KernelConfig(32, 4, 4, "smem", "two_pass", 1, 0), problem,
+                    "fp32 two-pass over more than 512 elements per thread")
+    assert_accepted(KernelConfig(128, 4, 1, "smem", "two_pass", 1, 0), problem)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 7, 490, 1001, 3556, 26531, 40001, 65537])
+def test_odd_sizes_default_to_full_width_vectors(hidden, dtype):
+    problem = Problem(hidden, dtype)
+    for rows in (None, 1, 64, max(1, 2**26 // hidden)):
+        cfg = default_config(problem) if rows is None else default_config(problem, H200, rows)
+        assert_accepted(cfg, problem)
+        assert cfg.vec == problem.max_vec, cfg.label()  # 16-byte accesses, rows skewed
+        if 1000 <= hidden <= 40001:
+            assert cfg.cache != "none", cfg.label()  # a cached row: x is read once
 
 
 def test_rows_per_block_not_dividing_threads_rejected(monkeypatch):
@@ -484,8 +530,10 @@ def test_problem_normalizes_and_is_frozen():
     [(4096, "float32", 4), (4096, "bfloat16", 8), (1000, "float16", 8), (1004, "float16", 4),
      (1002, "bfloat16", 2), (7, "float32", 1), (6, "float32", 2), (1, "bfloat16", 1)],
 )
-def test_problem_max_vec(hidden, dtype, vec):
-    assert Problem(hidden, dtype).max_vec == vec
+def test_problem_vectors(hidden, dtype, vec):
+    problem = Problem(hidden, dtype)
+    assert problem.aligned_vec == vec
+    assert problem.max_vec == 16 // problem.itemsize  # odd sizes read skewed at full width
 
 
 def test_kernel_config_round_trip_and_frozen():
@@ -660,13 +708,16 @@ def test_a_few_rows_add_clustered_latency_seeds():
         extra = [s for s in few if s not in space.seed_configs(problem)]
         assert [(s.cluster, s.threads, s.stages, s.cache) for s in extra] == [
             (8, 128, 1, "bulk"), (4, 128, 1, "bulk")], dtype
-        # measured first after the default: the bucket searches stop after 10 trials
-        assert few[0] == default_config(problem) and few[1:3] == extra
+        # measured first (the bucket searches stop after 10 trials); at rows 1 the default, which
+        # the search measures first, is the split itself
+        assert few[0] == default_config(problem, rows=1) and few[:2] == extra
         assert sorted(few, key=str) == sorted(space.seed_configs(problem) + extra, key=str)
         assert all(check(s, problem) == [] for s in extra)
         assert [s.cluster for s in space.latency_seed_configs(problem, 16)] == [8, 4]
         assert [s.cluster for s in space.latency_seed_configs(problem, 32)] == [4]
         assert space.latency_seed_configs(problem, 64) == []
-        assert space.seed_configs(problem, rows=4096) == space.seed_configs(problem)
+        many = space.seed_configs(problem, rows=4096)  # no split; the default for them first
+        assert many[0] == default_config(problem, rows=4096) != default_config(problem)
+        assert sorted(many, key=str) == sorted(space.seed_configs(problem), key=str)
     # rows too short for 8 slices of 128 threads' 16-byte vectors get no such seed
     assert space.latency_seed_configs(Problem(768, "bfloat16"), 1) == []

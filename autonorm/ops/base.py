@@ -72,6 +72,11 @@ class Family(Protocol):
             Absent: no migrated winner is trusted.
         export_basename, export_files, export_manifest: the hooks of :class:`Exporter`;
             absent, an export writes the kernel source and a manifest only.
+        neighbour_distance(problem, other): how far the winners of ``other``, another problem
+            of the family, are from ``problem``, in octaves (lookup adds the octaves between
+            rows buckets), or None where they may not lend their configuration to it. Lookup
+            carries the nearest winner over that the family's rules accept for ``problem``.
+            Absent: no problem lends to another.
     """
 
     op: str
@@ -97,8 +102,11 @@ class Family(Protocol):
         """Return every valid configuration for ``problem``, in a fixed order."""
         ...
 
-    def default(self, problem: Problem, device: DeviceLimits) -> Config:
-        """Return a sound configuration without tuning (raises ``ConfigError`` if none)."""
+    def default(self, problem: Problem, device: DeviceLimits, rows: int | None = None) -> Config:
+        """Return a sound configuration without tuning (raises ``ConfigError`` if none).
+
+        ``rows`` is the row count of the launch, when known: a family may pick by it.
+        """
         ...
 
     def seeds(self, problem: Problem, device: DeviceLimits, rows: int | None) -> list[Config]:

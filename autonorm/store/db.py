@@ -339,7 +339,8 @@ class TuningDB:
         return [self._to_winner(r) for r in rows]
 
     def winners(
-        self, device: str | None = None, op: str | None = None, *, problem: str | None = None
+        self, device: str | None = None, op: str | None = None, *, problem: str | None = None,
+        dtype: str | None = None,
     ) -> list[Winner]:
         """Return every winner, by dtype, hidden size and bucket.
 
@@ -347,9 +348,10 @@ class TuningDB:
             device: only this device's winners.
             op: only this family's winners.
             problem: only winners of this problem (its canonical JSON, as in the key).
+            dtype: only winners of problems of this dtype, every hidden size and other field.
 
         """
-        filters = {"device": device, "op": op, "problem": problem}
+        filters = {"device": device, "op": op, "problem": problem, "dtype": dtype}
         wanted = {column: value for column, value in filters.items() if value is not None}
         where = " AND ".join(f"[{column}] = ?" for column in wanted) or None
         order = "dtype, hidden, rows_bucket, device, op, problem"

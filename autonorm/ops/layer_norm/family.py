@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from autonorm.ops.layer_norm import codegen, rules, space
@@ -26,6 +27,12 @@ from autonorm.runtime.limits import DeviceLimits
 # weight or bias), rows (int), eps (float), then the bulk kernel's tile counter, which the row
 # kernels never read: one list, so a launch never asks which kernel it has.
 KERNEL_ABI = KernelABI("QQQQif", rows_index=4, workspace=True)
+
+# A winner lends its configuration to hidden sizes less than this factor from its own (lookup's
+# neighbour step): a size between two tuned ones at most 2x apart is within sqrt(2) of one. A
+# winner carried twice as far gives each thread twice its tuned work (past the bulk kernel's 8
+# vectors where it had 8), where the untuned default rescales its threads to the row.
+NEIGHBOUR_MAX_RATIO = 2.0
 
 
 class LayerNormFamily:
@@ -88,9 +95,23 @@ class LayerNormFamily:
         """Return every valid configuration, in a fixed order."""
         return space.enumerate_space(problem, device)
 
-    def default(self, problem: Problem, device: DeviceLimits) -> KernelConfig:
-        """Return the untuned default configuration."""
-        return space.default_config(problem, device)
+    def default(
+        self, problem: Problem, device: DeviceLimits, rows: int | None = None
+    ) -> KernelConfig:
+        """Return the untuned default configuration for ``rows`` rows (:mod:`.heuristic`)."""
+        return space.default_config(problem, device, rows)
+
+    def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
+        """Return how far ``other``'s winners are from ``problem``, or None if they may not lend.
+
+        Problems of the same dtype and affine flags lend their winners across hidden sizes less
+        than :data:`NEIGHBOUR_MAX_RATIO` apart; the distance is the ratio's log2 (octaves).
+        """
+        same = (problem.dtype, problem.has_weight, problem.has_bias)
+        if (other.dtype, other.has_weight, other.has_bias) != same:
+            return None
+        distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
+        return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
 
     def seeds(
         self, problem: Problem, device: DeviceLimits, rows: int | None = None

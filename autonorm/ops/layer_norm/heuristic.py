@@ -1,0 +1,283 @@
+"""The untuned default of the LayerNorm family: a rule over the device's properties and the rows.
+
+:func:`default_config` picks a kernel for a problem nothing was tuned for, from the device's
+limits (compute capability, SMs, shared memory, L2) and the row count's power-of-two bucket
+(dispatch caches a kernel per bucket, so the pick depends on the bucket only). Pure arithmetic
+and :func:`autonorm.ops.layer_norm.rules.check`: no GPU, no database.
+
+The branches and the tuned evidence each one follows (the shipped H200 winners, ``autonorm
+show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
+
+- **No row count, or compute capability under 9.0**: :func:`row_kernel_default`, the row
+  kernel at about four 16-byte vectors a thread (docs/tuning.md). Without a count nothing says
+  which regime a launch is in, and it is the base the CLI fills unset fields from; older GPUs
+  have no bulk-copy engine and no clusters.
+- **A few rows of 32 KB or more**: one row split over a cluster of 8 (then 4) 128-thread
+  blocks, one stage, while rows x cluster fits the SMs (:func:`latency_configs`). At hidden
+  16384 (32-64 KB rows) these won rows 1 in every dtype (x1.017-1.170 over the best
+  unclustered kernels) and rows 8 in fp16 and fp32; shorter rows gain nothing from the split.
+- **The bulk-copy kernel** for rows of 16 KB or more (16-bit 8192, fp32 4096 and up: below,
+  every shipped winner is a row kernel; at 16-32 KB the bulk kernel ran x1.016-1.025 of the
+  row kernel) where the rows pay for its fixed cost (3.0-3.9 us a launch against a copy's
+  1.4-2.1 us: the first tile's wait, the last tiles' drain):
+    - at 36 or more rows an SM (the 2^26-element winners from 16 KB rows up, 41-124 rows an
+      SM, are all bulk; the LLM buckets, 4,096 rows of 4096-8192, 31 an SM, all row kernels);
+    - from one row an SM, for rows of 16,384 elements or more (16384 at 512 and 4,096 rows:
+      bulk in every dtype);
+    - under one row an SM, for rows of 64 KB or more (fp32 16384 at 64 rows: bulk; 16-bit
+      16384 there: the row kernel).
+  Its shape is the winners': a row a tile up to 64 KB while there are 8 or more rows an SM,
+  else 32 KB segments over a cluster (bf16 32768 and fp32 16384 whole; 128 KB rows over 4,
+  256 KB over 8; fp32 16384 at 64 and 512 rows over 2); the fewest threads that keep a thread
+  to 8 vectors, the kernel's limit (t128 at 16 KB, t256 at 24-32 KB, t512 at 48-64 KB, as
+  every winner); stages 4 to 24 KB, 3 to 48 KB, else 2, and 2 with a cluster. Of the 26 shapes
+  of the H200 grid (docs/results.md) where the rule takes the bulk kernel (with the few-rows
+  split above), 23 winners are its pick exactly, two differ in stages only (bf16 65536, fp32
+  32768: 3) and one is a row kernel (bf16 16384 at 8 rows, where the split ran x0.985).
+- **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
+  row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
+  it is the winner, at the others a neighbour in threads, rows a block or cache.
+- **keep_x** (x's loads kept in L2) where x is at least twice the L2, in the bulk kernel and in
+  the row kernel on rows of up to 8 KB: every winner at 2^26 elements of those holds it (bulk
+  x1.020-1.042, row kernel at 768-4096 x1.005-1.024); row kernels of 16-32 KB rows gained
+  nothing (x0.988-1.009), nor did the latency and LLM buckets (x0.966-1.005), whose x is 64 MB
+  or less (the H200's L2 is 60 MB).
+
+Every pick passes ``check``; where the bulk kernel cannot run the problem (rows not of whole
+16-byte vectors, too little shared memory) the rule falls through to the row kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+from autonorm.errors import ConfigError
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check, welford_run_cap
+from autonorm.runtime.limits import H200, DeviceLimits
+
+KB = 1024
+
+# Rows shorter than this run the row kernel.
+BULK_MIN_ROW_BYTES = 16 * KB
+
+# Rows an SM from which the bulk kernel runs every row of BULK_MIN_ROW_BYTES or more.
+BULK_ROWS_PER_SM = 36
+
+# From one row an SM up to BULK_ROWS_PER_SM, the bulk kernel runs rows of this many elements.
+BULK_MIN_HIDDEN = 16384
+
+# Under one row an SM, the bulk kernel runs rows of this many bytes or more.
+FEW_ROWS_BULK_BYTES = 64 * KB
+
+# A few rows of this many bytes or more are split over a cluster of 8 or 4 blocks.
+LATENCY_MIN_ROW_BYTES = 32 * KB
+
+# A bulk tile holds a whole row up to WHOLE_ROW_BYTES with this many rows an SM or more, else
+# rows are split into segments of SEGMENT_BYTES over a cluster.
+WHOLE_ROW_ROWS_PER_SM = 8
+
+WHOLE_ROW_BYTES = 64 * KB
+
+SEGMENT_BYTES = 32 * KB
+
+# x this many times the L2 or more: its loads carry keep_x (the row kernel's only on rows of up
+# to ROW_KEEP_X_MAX_BYTES).
+KEEP_X_L2_MULTIPLE = 2
+
+ROW_KEEP_X_MAX_BYTES = 8 * KB
+
+
+def default_config(
+    problem: Problem, device: DeviceLimits = H200, rows: int | None = None
+) -> KernelConfig:
+    """Return the untuned configuration for ``problem`` on ``device`` (the module's rule).
+
+    Args:
+        problem: the hidden size, dtype and affine flags.
+        device: the GPU's limits.
+        rows: the row count of the launch (its power-of-two bucket decides), or None.
+
+    Raises:
+        ConfigError: no configuration can run the problem on the device.
+
+    """
+    if rows is None or device.cc < 90:
+        return row_kernel_default(problem, device)
+    bucket = rows_bucket(rows)
+    for config in _hopper_candidates(problem, device, bucket):
+        if not check(config, problem, device):
+            return config
+    return _row_kernel(problem, device, bucket)
+
+
+def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) -> list[KernelConfig]:
+    """Each row split over a cluster of 8 (then 4) blocks of 128 threads, one stage each.
+
+    With fewer rows than SMs most SMs idle, and a row's time is one block's chain of load,
+    reduce and store; split over 8 blocks of 128 threads (one stage: the row's slice loaded once
+    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200):
+    rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the winners tuned without them; rows 8
+    x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so they stop where the
+    blocks would outnumber the SMs (docs/tuning.md). Valid ones only; none before Hopper.
+    """
+    if device.cc < 90:
+        return []
+    vec = 16 // problem.itemsize
+    configs = []
+    for cluster in (8, 4):
+        cfg = KernelConfig(128, vec, 1, "bulk", "two_pass", cluster, 0, 1)
+        if rows * cluster <= device.sm_count and not check(cfg, problem, device):
+            configs.append(cfg)
+    return configs
+
+
+def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelConfig:
+    """Return a sound row-kernel configuration for any hidden size, without tuning.
+
+    Aims at about four 16-byte vectors per thread, the measured sweet spot of the untuned
+    kernel, and a register cache where it fits; in 16-bit under the 64-register cap (see
+    ``_capped``; docs/tuning.md). The rule's pick without a row count or before Hopper, and
+    the centre of the search's seeds.
+
+    Raises:
+        ConfigError: no configuration can run the problem on the device.
+
+    """
+    vec = problem.max_vec
+    vectors = math.ceil(problem.hidden / vec)
+    tpr = min(1024, max(1, 1 << math.ceil(math.log2(max(1, math.ceil(vectors / 4))))))
+    rows = min(32, max(1, 128 // tpr))
+    threads = tpr * rows
+    for cache, stats in (("registers", "two_pass"), ("smem", "two_pass")):
+        cfg = KernelConfig(threads, vec, rows, cache, stats, 1, 0)
+        if not check(cfg, problem, device):
+            return _capped(cfg, problem, device)
+    if problem.hidden % vec and threads > 512:
+        # Skewed rows spill at 1024 threads (rules_registers) and take no cluster: the same
+        # row over 512 threads before an uncached Welford, which reads x twice.
+        for cache in ("registers", "smem"):
+            cfg = KernelConfig(512, vec, 1, cache, "two_pass", 1, 0)
+            if not check(cfg, problem, device):
+                return _capped(cfg, problem, device)
+    # Rows past one block's shared memory: split across a cluster (Hopper) and keep the two-pass
+    # statistics (Welford without a cache re-reads x from global memory to normalize).
+    for cluster in CLUSTERS[1:]:
+        cfg = KernelConfig(1024, vec, 1, "smem", "two_pass", cluster, 0)
+        if not check(cfg, problem, device):
+            return cfg
+    cfg = KernelConfig(threads, vec, rows, "none", "welford", 1, 0)
+    if not check(cfg, problem, device):
+        return cfg
+    # Very long rows: welford without a cache fits in one block up to its run cap (fp32: 2048
+    # elements per thread, WELFORD_RUN_MAX); past it split the row across a cluster, of 512-thread
+    # blocks where 1024 would spill, with narrower vectors where the widest do not divide.
+    for vec_try in (v for v in VECS[::-1] if v <= vec):
+        for cluster in CLUSTERS:
+            for threads in (1024, 512):
+                cfg = KernelConfig(threads, vec_try, 1, "none", "welford", cluster, 0)
+                if not check(cfg, problem, device):
+                    return cfg
+    cap = welford_run_cap(problem)
+    raise ConfigError(
+        f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can run it "
+        f"on {device.name}: a {problem.dtype} Welford run is at most {cap:,} elements per "
+        f"thread, so rows over {1024 * cap:,} elements need a thread-block cluster, which needs "
+        f"the hidden size to be a multiple of the cluster size times the vector width"
+    )
+
+
+def _capped(config: KernelConfig, problem: Problem, device: DeviceLimits) -> KernelConfig:
+    """Return the 16-bit row-kernel default under the 64-register cap (fp32 stays as it is).
+
+    Its register cache where the cap holds it, else the same shape with a shared-memory cache.
+    On the H200 (2^26 elements) the capped default ran x1.04-x1.61 faster than the uncapped one
+    at 10 of 12 bf16 hidden sizes from 768 to 16384 (x1.31 at 8192, x1.61 at 11008) and alike
+    in fp16; at 1536 and 2048 (two rows of 64 threads a block) it ran x0.975 and x0.931
+    (docs/registers.md).
+    """
+    if problem.itemsize != 2:
+        return config
+    for candidate in (
+        dataclasses.replace(config, max_regs=64),
+        dataclasses.replace(config, cache="smem", max_regs=64),
+    ):
+        if not check(candidate, problem, device):
+            return candidate
+    return config
+
+
+def _row_kernel(problem: Problem, device: DeviceLimits, bucket: int) -> KernelConfig:
+    """The row kernel's default on Hopper: fp32 rows one a block, keep_x on short rows."""
+    config = row_kernel_default(problem, device)
+    if problem.itemsize == 4 and config.rows_per_block > 1 and config.threads_per_row >= 32:
+        alone = dataclasses.replace(config, threads=config.threads_per_row, rows_per_block=1)
+        if not check(alone, problem, device):
+            config = alone
+    hinted = dataclasses.replace(config, keep_x=True)
+    short = problem.hidden * problem.itemsize <= ROW_KEEP_X_MAX_BYTES
+    if short and _keeps_x(problem, device, bucket) and not check(hinted, problem, device):
+        return hinted
+    return config
+
+
+def _hopper_candidates(
+    problem: Problem, device: DeviceLimits, bucket: int
+) -> Iterator[KernelConfig]:
+    """The clustered and bulk-copy picks for ``bucket`` rows, best first (maybe invalid)."""
+    row_bytes = problem.hidden * problem.itemsize
+    if row_bytes >= LATENCY_MIN_ROW_BYTES:
+        yield from latency_configs(problem, bucket, device)
+    if _bulk_pays(problem, device, bucket):
+        yield from _bulk_configs(problem, device, bucket)
+
+
+def _bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
+    """Whether the bulk-copy kernel's rows (16 KB or more) and row count pay its fixed cost."""
+    row_bytes = problem.hidden * problem.itemsize
+    if row_bytes < BULK_MIN_ROW_BYTES:
+        return False
+    if bucket >= BULK_ROWS_PER_SM * device.sm_count:
+        return True
+    if bucket >= device.sm_count:
+        return problem.hidden >= BULK_MIN_HIDDEN
+    return row_bytes >= FEW_ROWS_BULK_BYTES
+
+
+def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterator[KernelConfig]:
+    """Bulk-copy configurations of the winners' shape, the preferred cluster and stages first.
+
+    Then the other clusters, nearest first, and fewer stages: the first that ``check`` admits
+    is the pick (the hidden size may not split over the preferred cluster, a device may hold
+    fewer stages).
+    """
+    vec = 16 // problem.itemsize
+    row_bytes = problem.hidden * problem.itemsize
+    whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
+    preferred = 1
+    if row_bytes > whole:
+        preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES),
+                         CLUSTERS[-1])
+    keep_x = _keeps_x(problem, device, bucket)
+    for cluster in sorted(CLUSTERS, key=lambda c: (abs(math.log2(c / preferred)), c)):
+        segment_bytes = row_bytes / cluster
+        vectors = math.ceil(problem.hidden / cluster / vec)
+        # The fewest threads that keep a thread to 8 vectors (the kernel's limit): every bulk
+        # winner's count.
+        threads = min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
+        if cluster > 1:
+            stages = 2
+        else:
+            stages = 4 if segment_bytes <= 24 * KB else 3 if segment_bytes <= 48 * KB else 2
+        for fewer in range(stages, 0, -1):
+            yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, fewer,
+                               keep_x=keep_x)
+
+
+def _keeps_x(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
+    """Whether x, ``bucket`` rows of it, is KEEP_X_L2_MULTIPLE times the L2 or more."""
+    return bucket * problem.hidden * problem.itemsize >= KEEP_X_L2_MULTIPLE * device.l2_bytes

@@ -1,0 +1,169 @@
+"""The untuned default's rule (autonorm.ops.layer_norm.heuristic), on the CPU.
+
+Validity everywhere (every pick passes ``check`` on an H200, an A100 and a B200), the branches
+the tuned evidence draws (docs/tuning.md), their dependence on the device's properties and the
+row count's bucket, and the search's seeds around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autonorm.dtypes import DTYPES
+from autonorm.export.arch import A100, B200
+from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm import heuristic, space
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.family import FAMILY
+from autonorm.ops.layer_norm.heuristic import default_config, row_kernel_default
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
+from autonorm.runtime.limits import H200, DeviceLimits
+
+DEVICES = {"H200": H200, "A100": A100, "B200": B200}
+
+
+def _hidden_sizes() -> list[int]:
+    sizes = set(range(1, 257, 5)) | set(range(257, 70001, 331))  # odd strides: both parities
+    for k in range(17):  # powers of two, their neighbours and 3 x 2^k
+        for n in (1 << k, (1 << k) - 1, (1 << k) + 1, 3 << k):
+            if 1 <= n <= 70000:
+                sizes.add(n)
+    sizes.update({768, 1000, 5000, 12288, 14336, 20000, 24576, 49152, 69997, 70000})
+    return sorted(sizes)
+
+
+@pytest.mark.parametrize("device", DEVICES.values(), ids=DEVICES.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_rule_picks_a_valid_config_everywhere(dtype, device):
+    sizes = _hidden_sizes()
+    assert {1, 2, 3, 65535, 65536, 65537} <= set(sizes)
+    bad, kinds = [], set()
+    for hidden in sizes:
+        problem = Problem(hidden, dtype)
+        for rows in (None, 1, 8, 64, 4096, max(1, 2**26 // hidden)):
+            config = default_config(problem, device, rows)
+            reasons = check(config, problem, device)
+            if reasons:
+                bad.append((hidden, rows, config.label(), reasons))
+            kinds.add((config.cache == "bulk", config.cluster > 1))
+    assert not bad, bad[:10]
+    if device.cc >= 90:  # the whole space is used: bulk, clustered and row kernels
+        assert {(False, False), (True, False), (True, True)} <= kinds, kinds
+    else:  # no bulk-copy engine, no clusters: the row kernel
+        assert kinds == {(False, False)}, kinds
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_older_gpus_and_unknown_rows_take_the_row_kernels_default(dtype):
+    for hidden in (7, 768, 5000, 16384, 65536):
+        problem = Problem(hidden, dtype)
+        for rows in (1, 64, 4096, 2**26 // hidden):
+            assert default_config(problem, A100, rows) == row_kernel_default(problem, A100)
+        assert default_config(problem, H200) == row_kernel_default(problem, H200)
+        assert default_config(problem) == space.default_config(problem)
+        assert FAMILY.default(problem, H200, 4096) == default_config(problem, H200, 4096)
+
+
+# The shipped H200 winners the rule reproduces, one of each branch (docs/results.md).
+PICKS = [
+    # bandwidth (rows = 2^26 / hidden): bulk from 16 KB rows, x kept in L2
+    (Problem(8192, "bfloat16"), 8192, "t128v8r1-bulk-two_pass-c1-p0-s4-k"),
+    (Problem(12288, "float32"), 5461, "t512v4r1-bulk-two_pass-c1-p0-s3-k"),
+    (Problem(32768, "bfloat16"), 2048, "t512v8r1-bulk-two_pass-c1-p0-s2-k"),
+    (Problem(65536, "float32"), 1024, "t256v4r1-bulk-two_pass-c8-p0-s2-k"),
+    # the row kernel under 16 KB, fp32 one row a block
+    (Problem(768, "bfloat16"), 87381, "t128v8r4-registers-two_pass-c1-p0-k-m64"),
+    (Problem(1024, "float32"), 65536, "t64v4r1-registers-two_pass-c1-p0-k"),
+    # 4,096 rows: the row kernel up to 8192 without the hint, bulk from 16384
+    (Problem(8192, "float16"), 4096, "t256v8r1-smem-two_pass-c1-p0-m64"),
+    (Problem(4096, "float32"), 4096, "t256v4r1-registers-two_pass-c1-p0"),
+    (Problem(16384, "bfloat16"), 4096, "t256v8r1-bulk-two_pass-c1-p0-s3-k"),
+    # a few rows: 16384 split over 8 blocks; at 64-512 rows 32 KB segments, fp32 over 2
+    (Problem(16384, "float32"), 1, "t128v4r1-bulk-two_pass-c8-p0-s1"),
+    (Problem(16384, "float16"), 8, "t128v8r1-bulk-two_pass-c8-p0-s1"),
+    (Problem(16384, "float32"), 64, "t256v4r1-bulk-two_pass-c2-p0-s2"),
+    (Problem(16384, "bfloat16"), 512, "t256v8r1-bulk-two_pass-c1-p0-s3"),
+]
+
+
+@pytest.mark.parametrize(("problem", "rows", "label"), PICKS,
+                         ids=[f"{p.dtype}-{p.hidden}-r{r}" for p, r, _ in PICKS])
+def test_the_rule_reproduces_tuned_winners(problem, rows, label):
+    assert default_config(problem, H200, rows).label() == label
+
+
+def test_the_pick_depends_on_the_rows_bucket_only():
+    # Dispatch caches a kernel per bucket, whichever row count came first.
+    for problem in (Problem(16384, "float32"), Problem(8192, "bfloat16"), Problem(3000)):
+        for rows in (1, 3, 9, 17, 100, 1000, 3000, 5000, 70000):
+            assert default_config(problem, H200, rows) == default_config(
+                problem, H200, rows_bucket(rows)), (problem, rows)
+
+
+def test_the_rule_reads_the_devices_sms_and_l2():
+    bf16_8192 = Problem(8192, "bfloat16")
+    # 4,096 rows on 132 SMs are 31 an SM: the row kernel; on 66 SMs 62: the bulk kernel.
+    assert default_config(bf16_8192, H200, 4096).cache == "smem"
+    half = dataclasses.replace(H200, sm_count=66)
+    assert default_config(bf16_8192, half, 4096).cache == "bulk"
+    # x of 128 MB is twice the H200's 60 MB L2, not the B200's 126 MB: the hint on the H200 only.
+    bf16_16384 = Problem(16384, "bfloat16")
+    assert default_config(bf16_16384, H200, 4096).keep_x
+    on_b200 = default_config(bf16_16384, B200, 4096)
+    assert on_b200.cache == "bulk" and not on_b200.keep_x
+    # 8 rows x a cluster of 8 fit 132 SMs; on 48 SMs only clusters of 4 do.
+    assert default_config(bf16_16384, H200, 8).cluster == 8
+    assert default_config(bf16_16384, dataclasses.replace(H200, sm_count=48), 8).cluster == 4
+
+
+def test_the_rule_fits_its_stages_to_the_shared_memory():
+    small = DeviceLimits(name="small Hopper", max_smem_optin=99 * 1024, smem_per_sm=100 * 1024)
+    fp32_16384 = Problem(16384, "float32")
+    on_h200 = default_config(fp32_16384, H200, 4096)
+    config = default_config(fp32_16384, small, 4096)
+    assert on_h200.stages * 64 * 1024 > small.max_smem_optin  # the H200's pick would not fit
+    assert config.cache == "bulk" and check(config, fp32_16384, small) == []
+
+
+def test_rows_the_bulk_kernel_cannot_take_fall_to_the_row_kernel():
+    # Rows of odd length reach no 16-byte boundary for the bulk engine; few short rows are not
+    # split (the split gained nothing under 32 KB).
+    for problem, rows in ((Problem(16385, "bfloat16"), 4096), (Problem(20001, "float32"), 1),
+                          (Problem(4096, "bfloat16"), 1), (Problem(6144, "float32"), 8)):
+        config = default_config(problem, H200, rows)
+        assert config.cache != "bulk" and config.cluster == 1, (problem, rows, config.label())
+        assert check(config, problem) == []
+
+
+def test_the_latency_split_needs_rows_of_32_kb():
+    for dtype in DTYPES:
+        itemsize = Problem(1, dtype).itemsize
+        at = Problem(32 * 1024 // itemsize, dtype)
+        below = Problem(24 * 1024 // itemsize, dtype)
+        assert default_config(at, H200, 1).cluster == 8
+        assert default_config(below, H200, 1).cluster == 1
+        assert heuristic.latency_configs(below, 1)  # a seed still, not the default
+
+
+def test_seeds_start_with_the_default_and_keep_the_row_kernels_neighbourhood():
+    for problem, rows in ((Problem(16384, "bfloat16"), 4096), (Problem(20000, "float32"), 3355),
+                          (Problem(16384, "float16"), 1), (Problem(768, "bfloat16"), 87381)):
+        seeds = space.seed_configs(problem, H200, rows)
+        assert seeds[0] == default_config(problem, H200, rows)
+        assert row_kernel_default(problem) in seeds
+        # Every seed of a search without a row count is there, whatever the rule picked.
+        assert set(space.seed_configs(problem)) <= set(seeds)
+        assert len(set(seeds)) == len(seeds)
+        assert all(check(s, problem) == [] for s in seeds)
+    assert space.seed_configs(Problem(4096))[0] == row_kernel_default(Problem(4096))
+
+
+def test_the_row_kernels_default_is_the_untuned_kernel_before_the_rule():
+    # Pinned: the benchmark compares the rule against it (docs/tuning.md).
+    assert row_kernel_default(Problem(4096, "bfloat16")) == KernelConfig(
+        128, 8, 1, "smem", "two_pass", 1, 0, 0, 64)
+    assert row_kernel_default(Problem(16384, "float32")) == KernelConfig(
+        1024, 4, 1, "smem", "two_pass", 1, 0)

@@ -1,0 +1,54 @@
+"""GPU: what an untuned shape runs compiles without spills and verifies against float64.
+
+The default's rule and lookup's neighbour step pick kernels no search measured at those shapes
+(docs/tuning.md): every pick at a sample of hidden sizes nobody tuned (odd ones among them), in
+every dtype, at a few rows and at rows = 2^26 / hidden, with the shipped database and without.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autonorm.dtypes import DTYPES
+from autonorm.ops.layer_norm.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+HIDDEN = (1000, 3088, 5003, 9488, 20000, 40000, 65537)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_untuned_picks_compile_clean_and_verify(dtype: str) -> None:
+    from autonorm import lookup
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.ops.layer_norm.heuristic import default_config
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
+    from autonorm.store.db import TuningDB
+
+    info = query_device()
+    limits = info.limits()
+    device = lookup.Device(info.fingerprint, limits)
+    shipped = TuningDB.open_shipped()
+    stores = [shipped] if shipped is not None else []
+    picks: dict[tuple[Problem, object], str] = {}
+    try:
+        for hidden in HIDDEN:
+            problem = Problem(hidden, dtype)
+            for rows in (1, 64, 4096, 2**26 // hidden):
+                picks.setdefault((problem, default_config(problem, limits, rows)), "default")
+                choice = lookup.choose(problem, rows, device, stores)
+                picks.setdefault((problem, choice.config), choice.source)
+    finally:
+        for store in stores:
+            store.close()
+    failures = []
+    for (problem, config), source in picks.items():
+        kernel = compiler.compile_kernel(codegen.render(config, problem, limits))
+        local = int(kernel.attributes.get("local_size_bytes", 0))
+        result = verify(kernel, problem)
+        if local or not result.ok:
+            failures.append(f"{problem.hidden} {config.label()} ({source}): {local} B local, "
+                            f"{result.summary()}")
+    assert not failures, "\n".join(failures)
