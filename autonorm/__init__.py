@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 from autonorm.errors import AutonormError  # noqa: E402
 
-__all__ = ["AutonormError", "__version__", "layer_norm"]
+__all__ = ["AutonormError", "__version__", "layer_norm", "tune_on_first_use"]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
@@ -22,4 +22,8 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
         from autonorm.api import layer_norm
 
         return layer_norm
+    if name == "tune_on_first_use":
+        from autonorm.tune.first_use import tune_on_first_use
+
+        return tune_on_first_use
     raise AttributeError(f"module 'autonorm' has no attribute {name!r}")

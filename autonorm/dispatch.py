@@ -1,8 +1,10 @@
 """Run-time dispatch: find the kernel for this GPU and problem, compile it once, hand it out.
 
 The configuration comes from :func:`autonorm.lookup.choose` over the user's tuning database
-and the shipped one (exact rows bucket, nearest bucket, then the family's default); the family
-of the problem (:func:`autonorm.ops.registry.family_of`) renders it.
+and the shipped one (exact rows bucket, nearest bucket, a tuned neighbour, then the family's
+default for the row count); the family of the problem
+(:func:`autonorm.ops.registry.family_of`) renders it. With tuning on first use
+(:mod:`autonorm.tune.first_use`) a shape without an exact winner is tuned first.
 
 Under ``AUTONORM_NO_KEEP_X=1`` a configuration with an L2 hint on x (LayerNorm's ``keep_x``)
 is launched without it: the same arithmetic and bits, a kernel that leaves L2's priorities
@@ -10,6 +12,10 @@ alone (docs/l2-hints.md).
 
 Compiled kernels are cached in the process: a call with a known key is a dict lookup, with no
 database query and no compile.
+
+With tuning on first use turned on (:mod:`autonorm.tune.first_use`), the first call of a key
+whose rows bucket has no winner tunes it, stores the winner and caches that instead; other
+threads' first calls wait meanwhile.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
 def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
     """Return the compiled kernel for ``problem`` at ``rows`` rows on GPU ``device_id``.
 
-    The first call for a key looks it up and compiles; later calls are a dict lookup.
+    The first call for a key looks it up (and, if asked, tunes it: :mod:`autonorm.tune.first_use`)
+    and compiles; later calls are a dict lookup.
     """
     key = (device_id, problem, rows_bucket(rows))
     kernel = _KERNELS.get(key)
@@ -84,8 +91,11 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
             from autonorm.ops.registry import family_of
             from autonorm.runtime import compiler
             from autonorm.runtime.device import query_device
+            from autonorm.tune import first_use
 
             choice = choose_config(problem, rows, device_id)
+            # Opt-in: a shape with no winner for its rows bucket may be tuned now, once.
+            choice = first_use.settle(problem, rows, device_id, choice, choose_config)
             limits = query_device(device_id).limits()
             rendered = family_of(problem).render(choice.config, problem, limits)
             kernel = compiler.compile_kernel(rendered, device_id)

@@ -8,14 +8,27 @@ Environment variables:
     AUTONORM_NO_SHIPPED_DB: set to 1 to ignore the shipped database (tests, A/B runs).
     AUTONORM_NO_KEEP_X: set to 1 to dispatch tuned kernels without keep_x's L2 hint (for a
         program whose next kernel re-reads tens of MB from L2; docs/l2-hints.md).
+    AUTONORM_TUNE_ON_FIRST_USE: set to 1 to tune, at its first call, a shape that no database
+        holds a winner for at its rows bucket on this GPU, and store the winner in the user's
+        database (docs/tuning.md); ``autonorm.tune_on_first_use`` sets it from Python.
+    AUTONORM_FIRST_USE_BUDGET_S: seconds such a tuning may take (default 15, bounded to
+        1-300).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+
+# Seconds a tuning on first use may take, unless AUTONORM_FIRST_USE_BUDGET_S says otherwise.
+FIRST_USE_BUDGET_S = 15.0
+
+# The budgets allowed: under a second no candidate is measured; past minutes it is no longer a
+# first call but a tuning run, which `autonorm tune` does better (it resumes, shows progress).
+FIRST_USE_BUDGET_BOUNDS_S = (1.0, 300.0)
 
 
 def shipped_db_path() -> Path | None:
@@ -66,3 +79,35 @@ def kernel_cache_dir() -> Path:
 def studies_dir() -> Path:
     """Return the directory holding the default Optuna journal files."""
     return cache_dir() / "studies"
+
+
+def tune_on_first_use() -> bool:
+    """Whether ``AUTONORM_TUNE_ON_FIRST_USE`` asks to tune unknown shapes at their first call."""
+    return os.environ.get("AUTONORM_TUNE_ON_FIRST_USE", "") not in ("", "0")
+
+
+def first_use_budget_s() -> float:
+    """Return the seconds a tuning on first use may take (``AUTONORM_FIRST_USE_BUDGET_S``).
+
+    A value outside ``FIRST_USE_BUDGET_BOUNDS_S`` is moved to the nearer bound.
+
+    Raises:
+        ValueError: the variable is set to something that is not a finite number.
+
+    """
+    text = os.environ.get("AUTONORM_FIRST_USE_BUDGET_S", "").strip()
+    if not text:
+        return FIRST_USE_BUDGET_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"AUTONORM_FIRST_USE_BUDGET_S must be a number of seconds, got {text!r}")
+    low, high = FIRST_USE_BUDGET_BOUNDS_S
+    return min(max(value, low), high)
+
+
+def first_use_lock_dir() -> Path:
+    """Return the directory of the lock files that let one process tune a shape for all."""
+    return cache_dir() / "first_use"
