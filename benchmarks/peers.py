@@ -559,12 +559,13 @@ def bench_ms(fn):
     return _call_bench(do_bench, fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS)
 
 
-def graph_ms(fn):
+def graph_ms(fn, rep_ms: int = GRAPH_REP_MS):
+    """CUDA-graph replay time of ``fn`` (``do_bench_cudagraph``, L2 not flushed), in ms."""
     import torch
     from triton.testing import do_bench_cudagraph
 
     torch.cuda.synchronize()
-    return _call_bench(do_bench_cudagraph, fn, rep=GRAPH_REP_MS)
+    return _call_bench(do_bench_cudagraph, fn, rep=rep_ms)
 
 
 def host_us(fn) -> float:

@@ -9,11 +9,17 @@ out of WAL mode, so the file stands alone (ready to ship).
 Example (the shipped grid, written to a fresh file)::
 
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
+
+``--models tuning_db/models.json`` tunes the hidden sizes of the LayerNorm models listed there
+(each size once) at a decode and a prefill row count instead; ``--skip-stored`` passes over
+shapes the database already has a usable winner for, and ``--snapshot`` writes the standalone
+file that ships (docs/tuning.md, "Shipping the shapes of widely used models").
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 import sys
 import time
@@ -27,12 +33,66 @@ from autonorm.dtypes import normalize_dtype
 from autonorm.ops import registry
 from autonorm.runtime.device import query_device
 from autonorm.runtime.limits import DeviceLimits
-from autonorm.store.db import TuningDB
+from autonorm.store.db import TuningDB, TuningKey
+from autonorm.store.snapshot import write_snapshot
 from autonorm.tune.isolation import IsolatedEvaluator, build_gpu_evaluator
 from autonorm.tune.search import TuneSettings
-from autonorm.tune.session import TunedKernel, tune_and_store
+from autonorm.tune.session import TunedKernel, incumbent_of, tune_and_store
 
 DEFAULT_HIDDEN = "768,1024,2048,4096,8192,12288,16384,32768,65536"
+# With --models: a decode bucket (33-64 rows: a batch of sequences, one token each) and a
+# prefill bucket (2049-4096 rows: a prompt's tokens). Lookup serves other row counts from the
+# nearest tuned bucket (docs/tuning.md).
+MODEL_ROWS = "64,4096"
+NORMS = ("layer_norm", "rms_norm")
+MODEL_FIELDS = ("name", "hidden", "norm", "eps", "source")
+
+
+def load_models(path: Path) -> list[dict]:
+    """Read a list of models' norm shapes (``tuning_db/models.json``) and check every entry.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not such a list; the message names the first bad entry.
+
+    """
+    try:
+        models = json.loads(Path(path).read_text())["models"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a JSON object with a 'models' list ({exc})") from exc
+    if not isinstance(models, list) or not models:
+        raise ValueError(f"{path}: 'models' must be a non-empty list")
+    for i, model in enumerate(models):
+        name = model.get("name", "?") if isinstance(model, dict) else repr(model)
+        where = f"{path}: entry {i} ({name})"
+        if not isinstance(model, dict) or any(k not in model for k in MODEL_FIELDS):
+            raise ValueError(f"{where} needs the fields {', '.join(MODEL_FIELDS)}")
+        hidden, eps = model["hidden"], model["eps"]
+        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
+            raise ValueError(f"{where}: hidden must be a positive integer, got {hidden!r}")
+        if model["norm"] not in NORMS:
+            raise ValueError(f"{where}: norm must be one of {', '.join(NORMS)}")
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+            raise ValueError(f"{where}: eps must be a positive number, got {eps!r}")
+        if not str(model["source"]).startswith("https://"):
+            raise ValueError(f"{where}: source must be the https URL of the model's config")
+    return models
+
+
+def layer_norm_hidden_sizes(models: list[dict]) -> list[int]:
+    """Return the LayerNorm models' hidden sizes, each once, smallest first."""
+    return sorted({m["hidden"] for m in models if m["norm"] == "layer_norm"})
+
+
+def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
+    """Parse a comma-separated list of positive integers, or exit with an error naming ``flag``."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"{flag}: give comma-separated positive integers, got {text!r}")
+    if not values or min(values) < 1:
+        parser.error(f"{flag}: give comma-separated positive integers, got {text!r}")
+    return values
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,14 +107,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtypes", default="bf16,fp16,fp32",
                         help="comma-separated dtypes: bf16, fp16, fp32 or full names "
                         "(default: %(default)s)")
-    parser.add_argument("--hidden", default=DEFAULT_HIDDEN,
-                        help="comma-separated hidden sizes (default: %(default)s)")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--hidden", default=None,
+                        help=f"comma-separated hidden sizes (default: {DEFAULT_HIDDEN})")
+    shapes.add_argument("--models", type=Path, default=None,
+                        help="a list of models' norm shapes (tuning_db/models.json): tune the "
+                        "hidden sizes of its layer_norm entries, each once, at rows "
+                        f"{MODEL_ROWS} (decode and prefill buckets) unless --rows is given")
     parser.add_argument("--elements", type=int, default=1 << 26,
                         help="rows per shape are elements // hidden, the benchmark grid "
                         "(default: %(default)s = 2^26)")
     parser.add_argument("--rows", default="",
                         help="comma-separated row counts to tune at every hidden size instead "
-                        "of elements // hidden, e.g. 1,8,64,512 (latency buckets)")
+                        "of elements // hidden (--models: instead of "
+                        f"{MODEL_ROWS}), e.g. 1,8,64,512 (latency buckets)")
     parser.add_argument("--trials", type=int, default=16,
                         help="candidates measured per shape (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=12.0,
@@ -71,19 +137,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", default=None,
                         help="Optuna storage of the studies (default: one journal file per "
                         "study in the cache dir)")
+    parser.add_argument("--skip-stored", action="store_true",
+                        help="pass over shapes the database already has a usable winner for "
+                        "(to continue a run cut short, or to keep a copy of the shipped "
+                        "database's winners as they are)")
+    parser.add_argument("--snapshot", type=Path, default=None,
+                        help="at the end, write the database's devices and winners (no trials) "
+                        "to this file as one standalone file: the form tuning_db/autonorm.db "
+                        "ships in")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.timeout <= 0 or args.elements < 1:
         parser.error("--trials and --elements must be >= 1 and --timeout > 0")
+    if args.models is not None:
+        try:
+            args.hidden_sizes = layer_norm_hidden_sizes(load_models(args.models))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--models: {exc}")
+        if not args.hidden_sizes:
+            parser.error(f"--models: {args.models} lists no layer_norm model")
+    else:
+        args.hidden_sizes = _int_list(args.hidden or DEFAULT_HIDDEN, "--hidden", parser)
+    rows = args.rows or (MODEL_ROWS if args.models is not None else "")
+    args.row_counts = _int_list(rows, "--rows", parser) if rows else []
+    try:
+        args.dtype_names = [normalize_dtype(d) for d in args.dtypes.split(",") if d.strip()]
+    except ValueError as exc:  # normalize_dtype names the dtype it refuses
+        parser.error(f"--dtypes: {exc}")
+    if not args.dtype_names:
+        parser.error("--dtypes: give at least one of bf16, fp16, fp32")
     return args
 
 
 def grid(args: argparse.Namespace) -> list[tuple[str, int, int]]:
     """Return the (dtype, hidden, rows) shapes of the grid, in tuning order."""
-    hiddens = [int(h) for h in args.hidden.split(",") if h]
-    fixed_rows = [int(r) for r in args.rows.split(",") if r]
+    hiddens = args.hidden_sizes
+    fixed_rows = args.row_counts
     return [
-        (normalize_dtype(dtype), hidden, rows)
-        for dtype in args.dtypes.split(",") if dtype
+        (dtype, hidden, rows)
+        for dtype in args.dtype_names
         for hidden in hiddens
         for rows in (fixed_rows or [max(1, args.elements // hidden)])
     ]
@@ -145,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         n_trials=args.trials, timeout_s=args.timeout, seed=args.seed,
         finals_top=args.finals_top, finals_rounds=args.finals_rounds,
     )
-    factory = WarmIsolated(info.limits())
+    limits = info.limits()
+    factory = WarmIsolated(limits)
     db = TuningDB(args.db) if args.db is not None else TuningDB.open_user()
     path = db.path or settings.user_db_path()
     print(f"tuning {args.op} on {info.name} into {path}", flush=True)
@@ -153,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         for dtype, hidden, rows in grid(args):
             started = time.monotonic()
             problem = family.problem(hidden=hidden, dtype=dtype)
+            key = TuningKey.for_problem(info.fingerprint, problem, rows)
+            if args.skip_stored and incumbent_of(db, key, problem, limits) is not None:
+                print(f"{dtype:9s} {hidden:6d} r{rows:<6d} stored already: skipped", flush=True)
+                continue
             tuned = tune_and_store(
                 problem, rows, settings=tune_settings, device=info, storage=args.storage,
                 store=db, evaluator_factory=factory, quiet=True,
@@ -164,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         db.close()
         checkpoint(path)
+    if args.snapshot is not None:
+        with TuningDB(path) as source:
+            written = write_snapshot(source, args.snapshot)
+            count = len(source.winners())
+        print(f"wrote {written}: {count} winners, no trials (the shipped form)", flush=True)
     return 0
 
 
