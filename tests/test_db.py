@@ -561,6 +561,23 @@ def test_only_trusted_legacy_winners_are_used(tmp_path: Path) -> None:
         assert lookup.choose(Problem(8192), 1000, device, [db]).source == "default"
 
 
+def test_a_damaged_winner_row_costs_its_winner_not_the_lookup(tmp_path: Path) -> None:
+    from autonorm import lookup
+
+    path = tmp_path / "damaged.db"
+    device = lookup.Device(H200.fingerprint, H200.limits())
+    with TuningDB(path) as db:
+        db.set_winner(make_key(), KernelConfig(threads=256).to_dict(), make_metrics(), KERNEL)
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE winners SET config = '{not json', metrics = '[1'")
+    raw.commit()
+    raw.close()
+    with TuningDB(path) as db:
+        [winner] = db.winners()
+        assert (winner.config, winner.metrics) == ({}, {})
+        assert lookup.choose(Problem(4096), 1000, device, [db]).source == "default"
+
+
 @pytest.mark.parametrize("step", [1, 2])
 def test_failed_migration_leaves_the_file_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: int

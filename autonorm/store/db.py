@@ -18,7 +18,6 @@ is :mod:`autonorm.lookup`'s question.
 
 from __future__ import annotations
 
-import json
 import math
 import sqlite3
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from autonorm.results import FAILURE_CLASSES, Outcome
 from autonorm.runtime.device import DeviceInfo
 from autonorm.runtime.limits import DeviceLimits
 from autonorm.store import connection, records, schema
-from autonorm.store.keys import TuningKey, Winner
+from autonorm.store.keys import TuningKey, Winner, load_object
 from autonorm.store.schema import KEY_COLUMNS, SCHEMA_VERSION, TRIAL_METRIC_COLUMNS
 
 __all__ = ["KEY_COLUMNS", "SCHEMA_VERSION", "STATUSES", "TuningDB", "TuningKey", "Winner"]
@@ -363,8 +362,8 @@ class TuningDB:
     def _to_winner(self, row: dict) -> Winner:
         return Winner(
             key=TuningKey(*(row[c] for c in KEY_COLUMNS)),
-            config=json.loads(row["config"]),
-            metrics=json.loads(row["metrics"]),
+            config=load_object(row["config"]),
+            metrics=load_object(row["metrics"]),
             tuned_at=row["tuned_at"],
             source=self.source,
             kernel=row["kernel"],

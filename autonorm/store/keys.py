@@ -106,5 +106,18 @@ class Winner:
     legacy_version: str | None = None
 
 
+def load_object(text: str | None) -> dict:
+    """Return a stored JSON object, or {} where the text is none (a damaged row).
+
+    A winner whose configuration cannot be read then describes no kernel that lookup would run
+    (its digest never matches), so a damaged row costs its winner, never the caller's launch.
+    """
+    try:
+        value = json.loads(text) if text is not None else None
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _canonical(fields: dict[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
