@@ -18,8 +18,9 @@ import click
 # a checkout's root, before any import below reads the package's names.
 import autonorm.checkout  # noqa: F401
 from autonorm import __version__
+from autonorm.cli_db import db as db_commands
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
-from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite
+from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite, tune_options
 from autonorm.errors import ConfigError
 from autonorm.ops import registry
 from autonorm.ops.base import Problem
@@ -102,14 +103,11 @@ def _problem_options(func: Any) -> Any:
 
 
 @main.command()
-@_problem_options
-@click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
-              help="Rows to tune for (its power-of-two bucket keys the winner). "
-                   "Default: 2^26 / hidden.")
+@tune_options
 @click.option("--trials", type=click.IntRange(min=1), default=40, show_default=True,
-              help="Candidates to measure (verified and timed).")
+              help="Candidates to measure (verified and timed), per shape.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), callback=finite,
-              default=45.0, show_default=True, help="Stop the search after this many seconds.")
+              default=45.0, show_default=True, help="Seconds each shape's search may take.")
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
               help="Sampler seed.")
 @click.option("--storage", default=None,
@@ -118,21 +116,53 @@ def _problem_options(func: Any) -> Any:
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes, one per local GPU, searching one shared study.")
 def tune(
+    no_weight: bool, no_bias: bool, configs: tuple[str, ...], budget: float | None, force: bool,
+    trials: int, timeout: float, seed: int, storage: str | None, workers: int, **lists: Any,
+) -> None:
+    """Tune shapes on this GPU and store the winners.
+
+    One shape (`--hidden 16384`): every candidate is verified against a float64 reference
+    before it is timed; a candidate that crashes the GPU is recorded as a failure and the
+    search goes on. The winner goes to your tuning database (see `autonorm show`). Re-running
+    the same command resumes the study where it stopped.
+
+    A plan: comma lists (`--hidden 4096,5120 --dtype bf16,fp32`) or a model's `--config`
+    tune each shape of their product in turn within --budget seconds, skipping those stored
+    (unless --force); re-running continues it. A table of the winners ends it.
+    """
+    # --op, --hidden, --dtype, --rows: each given once or more, each time a comma list.
+    flat = {name: tuple(v for group in given for v in group) for name, given in lists.items()}
+    if not flat["hiddens"] and not configs:
+        ctx = click.get_current_context()
+        raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(
+            p for p in ctx.command.params if p.name == "hiddens"))
+    _quiet_optuna()
+    if configs or max(map(len, flat.values())) > 1:
+        from autonorm.cli_plan import run_plan
+
+        try:
+            run_plan(**flat, configs=configs, no_weight=no_weight, no_bias=no_bias,
+                     default_op=DEFAULT_OP, default_rows=_default_rows, trials=trials,
+                     timeout=timeout, seed=seed, budget=budget, force=force, storage=storage,
+                     workers=workers)
+        finally:
+            _forget_dispatched_kernels()
+        return
+    _tune_one((flat["ops"] or (DEFAULT_OP,))[0], flat["hiddens"][0],
+              (flat["dtypes"] or ("bfloat16",))[0], no_weight, no_bias,
+              (flat["rows"] or (None,))[0], trials,
+              timeout if budget is None else min(timeout, budget), seed, storage, workers)
+
+
+def _tune_one(
     op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
     trials: int, timeout: float, seed: int, storage: str | None, workers: int,
 ) -> None:
-    """Tune one shape on this GPU and store the winner.
-
-    Every candidate is verified against a float64 reference before it is timed; a candidate
-    that crashes the GPU is recorded as a failure and the search goes on. The winner goes to
-    your tuning database (see `autonorm show`). Re-running the same command resumes the
-    study where it stopped.
-    """
+    """Tune one shape and print its winner (``autonorm tune --hidden N``)."""
     from autonorm.runtime.device import NoGPUError, query_device
     from autonorm.tune import session
     from autonorm.tune.search import TuneSettings
 
-    _quiet_optuna()
     problem = _problem(op, hidden, dtype, no_weight, no_bias)
     rows = rows or _default_rows(hidden)
     try:
@@ -357,6 +387,9 @@ def _parse_config(text: str | None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--config")
     return value
+
+
+main.add_command(db_commands)
 
 
 def run() -> None:

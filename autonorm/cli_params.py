@@ -71,3 +71,58 @@ DTYPE = DtypeParam()
 OP = OpParam()
 
 ARCH = ArchParam()
+
+
+class ListParam(click.ParamType):
+    """A comma-separated list of another type's values, ``4096,5120``: a tuple of them.
+
+    Each item is converted by the item type with this option as its parameter, so a bad item
+    fails as a single value would (``'--hidden': 'abc' is not a valid integer``).
+    """
+
+    def __init__(self, item: click.ParamType) -> None:
+        self.item = item
+        self.name = f"{item.name} list"
+
+    def get_metavar(self, param: Any, *args: Any, **kwargs: Any) -> str | None:  # noqa: D102
+        metavar = self.item.get_metavar(param, *args, **kwargs)
+        return None if metavar is None else f"{metavar},..."
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[Any, ...]:  # noqa: D102
+        if isinstance(value, tuple):
+            return value
+        return tuple(self.item.convert(part.strip(), param, ctx) for part in str(value).split(","))
+
+
+def tune_options(func: Any) -> Any:
+    """The shape and plan options of ``autonorm tune`` (each shape option takes a list)."""
+    options = [
+        click.option("--op", "ops", type=ListParam(OP), multiple=True,
+                     help="Kernel families (default: layer_norm, or the config's norm)."),
+        click.option("--hidden", "hiddens", type=ListParam(click.IntRange(min=1)),
+                     multiple=True, metavar="N[,N...]",
+                     help="Hidden sizes (row lengths), e.g. 4096,5120."),
+        click.option("--dtype", "dtypes", type=ListParam(DTYPE), multiple=True,
+                     metavar="DTYPE[,DTYPE...]",
+                     help="dtypes: bf16, fp16, fp32 (default: the config's, else bf16)."),
+        click.option("--no-weight", is_flag=True, help="Problems without a weight."),
+        click.option("--no-bias", is_flag=True, help="Problems without a bias."),
+        click.option("--rows", "rows", type=ListParam(click.IntRange(1, MAX_ROWS)),
+                     multiple=True, metavar="N[,N...]",
+                     help="Rows to tune for (each power-of-two bucket keys a winner). "
+                          "Default: 2^26 / hidden."),
+        click.option("--config", "configs", multiple=True, metavar="CONFIG_JSON",
+                     type=click.Path(dir_okay=False),
+                     help="A model's Hugging Face style config.json: tune its norms' shapes "
+                          "(hidden size, torch_dtype, norm); --op/--hidden/--dtype replace "
+                          "what it says."),
+        click.option("--budget", type=click.FloatRange(min=0, min_open=True), callback=finite,
+                     default=None, metavar="SECONDS",
+                     help="Total seconds for a plan of several shapes, split across the "
+                          "shapes left; --timeout still caps each."),
+        click.option("--force", is_flag=True,
+                     help="Tune a plan's shapes that already have a winner too."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

@@ -116,6 +116,20 @@ BAD_OPTIONS = [
     (["render", *FIXED, "--config", '{"threads": 7}'], "threads must be one of"),
     (["render", *FIXED, "--config", '{"threads": -1}'], "threads must be one of"),
     (["bogus"], "No such command 'bogus'"),
+    (["db", "bogus"], "No such command 'bogus'"),
+    (["db", "export"], "Missing option '-o'"),
+    (["db", "export", "-o", "{tmp}/w.json"], "nothing to export"),
+    (["db", "export", "-o", "{tmp}/w.json", "--hidden", "0"], "'--hidden': 0 is not in the range"),
+    (["db", "export", "-o", "{tmp}/w.json", "--hidden", "x"], "'x' is not a valid integer"),
+    (["db", "export", "-o", "{tmp}/w.json", "--dtype", "int8"], "unsupported dtype 'int8'"),
+    (["db", "export", "-o", "{tmp}/w.json", "--op", "nope"], "'nope' is not a known op"),
+    (["db", "export", "-o", "{tmp}"], "is a directory"),
+    (["db", "import"], "Missing argument 'SOURCE'"),
+    (["db", "import", "{tmp}/missing.json"], "does not exist"),
+    (["db", "import", "{tmp}"], "is a directory"),
+    (["db", "import", "{tmp}/a_file"], "neither a winners file (JSON) nor an autonorm database"),
+    (["db", "import", "{tmp}/a_file", "--bogus"], "No such option '--bogus'"),
+    (["db", "check", "--bogus"], "No such option '--bogus'"),
 ]
 
 
@@ -156,6 +170,11 @@ BAD_ENVIRONMENTS = [
      ["render", *FIXED], None),
     ({"AUTONORM_SHIPPED_DB": "{tmp}/missing.db", "AUTONORM_NO_SHIPPED_DB": None}, ["show"],
      None),
+    ({"AUTONORM_DB": "{tmp}/missing/dir/user.db"}, ["db", "check"], None),
+    ({"AUTONORM_DB": "{tmp}/a_file/user.db"}, ["db", "check"], None),
+    ({"AUTONORM_DB": "{tmp}"}, ["db", "check"], "is not a file"),
+    ({"AUTONORM_DB": "{tmp}/a_file"}, ["db", "check"], "is corrupt"),
+    ({"AUTONORM_CACHE_DIR": "{tmp}/a_file"}, ["db", "check"], None),
 ]
 
 
@@ -194,7 +213,8 @@ def test_warnings_are_plain_lines(env: Path) -> None:
         assert noise not in stderr
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--version"], ["show", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["show", "--help"], ["db", "--help"],
+                                  ["db", "import", "--help"]])
 def test_help_and_version_exit_zero(env: Path, args: list[str]) -> None:
     status, stdout, stderr = invoke(args)
     assert status == 0 and stdout and not stderr
@@ -220,7 +240,8 @@ def test_an_interrupt_is_one_line(env: Path, monkeypatch: pytest.MonkeyPatch) ->
     ("changes", "args", "expected"),
     [({"AUTONORM_SHIPPED_DB": "{tmp}/a_file"}, ["show"], "is corrupt: file is not a database"),
      ({}, ["export", "--hidden", "64", "--rows", "-5", "-o", "{tmp}/z"], "'--rows': -5"),
-     ({"AUTONORM_CACHE_DIR": "{tmp}/a_file"}, ["show", "--all-devices"], None)],
+     ({"AUTONORM_CACHE_DIR": "{tmp}/a_file"}, ["show", "--all-devices"], None),
+     ({"AUTONORM_DB": "{tmp}/a_file"}, ["db", "check"], "is corrupt: the integrity check")],
 )
 def test_the_real_entry_point_prints_one_line(
     tmp_path: Path, changes: dict[str, str], args: list[str], expected: str | None

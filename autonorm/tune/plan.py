@@ -1,0 +1,344 @@
+"""The plan of ``autonorm tune``: which shapes to tune, in what order and with how much time.
+
+A plan is the cartesian product of the shape options (ops, hidden sizes, dtypes, row counts)
+or the norms a model's Hugging Face style ``config.json`` describes, deduplicated by tuning key
+and sorted. The command tunes the shapes one after another, splitting a total time budget
+across the shapes still to tune, and skips shapes whose exact rows bucket already holds a usable
+winner, so re-running a plan continues where it stopped (docs/tuning.md, "Tuning a model").
+
+Pure logic: no GPU, no Optuna.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from autonorm import lookup
+from autonorm.dtypes import SHORT_DTYPES, normalize_dtype
+from autonorm.ops.base import Problem, rows_bucket
+from autonorm.ops.registry import get as family_named
+from autonorm.runtime.limits import DeviceLimits
+from autonorm.store.db import TuningDB
+from autonorm.store.keys import TuningKey, Winner
+
+# Where models keep their width, in the order they are tried: DistilBERT's `dim` comes before
+# `hidden_dim`, which DistilBERT uses for its feed-forward width.
+HIDDEN_KEYS = ("hidden_size", "d_model", "n_embd", "dim", "hidden_dim")
+
+# The key that holds a model's eps, and the norm it implies.
+EPS_KEYS = {"rms_norm_eps": "rms_norm", "layer_norm_eps": "layer_norm",
+            "layer_norm_epsilon": "layer_norm", "layernorm_epsilon": "layer_norm"}
+
+# Models whose norm is RMSNorm whatever their eps key says (T5 names it layer_norm_epsilon).
+RMS_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+    "gemma2", "gemma3", "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "t5", "mt5",
+})
+
+# LayerNorm models whose config.json holds no eps: the eps their code builds the norm with
+# (tuning_db/models.json's eps_from).
+LAYER_NORM_EPS = {"bart": 1e-5, "mbart": 1e-5, "whisper": 1e-5, "opt": 1e-5,
+                  "distilbert": 1e-12, "siglip": 1e-6, "siglip_vision_model": 1e-6,
+                  "siglip_text_model": 1e-6}
+
+# Nested configurations of composite models (CLIP's text and vision towers, encoder-decoders).
+SUB_CONFIG_KEYS = ("encoder", "decoder")
+
+# The order dtypes take in a plan: the default dtype first, then by size.
+_DTYPE_ORDER = {name: i for i, name in enumerate(("bfloat16", "float16", "float32"))}
+
+# The least search time worth starting a shape with: a share below it would time out before
+# its first batch of candidates is compiled, so the budget counts as spent.
+MIN_SHAPE_S = 1.0
+
+
+class PlanError(ValueError):
+    """A plan option or model config that cannot be read; ``option`` names the option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True)
+class ModelNorm:
+    """One norm a model config describes.
+
+    Attributes:
+        op: the kernel family of the norm (``layer_norm``, ``rms_norm``).
+        hidden: the size it normalizes over.
+        dtype: the config's torch_dtype, canonical; None when it names none.
+        eps: the norm's eps; None when neither the config nor its model type says it.
+        where: the config (and nested config) it was read from.
+
+    """
+
+    op: str
+    hidden: int
+    dtype: str | None
+    eps: float | None
+    where: str
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One entry of a plan: a problem of an op at a row count."""
+
+    op: str
+    hidden: int
+    dtype: str
+    rows: int
+    has_weight: bool = True
+    has_bias: bool = True
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """What keys its winner: shapes of one rows bucket share it."""
+        return (self.op, self.hidden, self.dtype, rows_bucket(self.rows), self.has_weight,
+                self.has_bias)
+
+    def describe(self) -> str:
+        """Return e.g. ``layer_norm bf16 hidden 4096 rows 16384`` (flags only when off)."""
+        flags = "".join(f" no {name}" for name, on in (("weight", self.has_weight),
+                                                      ("bias", self.has_bias)) if not on)
+        return (f"{self.op} {SHORT_DTYPES.get(self.dtype, self.dtype)} hidden {self.hidden} "
+                f"rows {self.rows}{flags}")
+
+
+def _sort_key(shape: Shape) -> tuple[Any, ...]:
+    return (shape.op, shape.hidden, _DTYPE_ORDER.get(shape.dtype, len(_DTYPE_ORDER)),
+            rows_bucket(shape.rows), not shape.has_weight, not shape.has_bias)
+
+
+def order(shapes: Iterable[Shape]) -> list[Shape]:
+    """Deduplicate ``shapes`` by tuning key (the first of a bucket stays) and sort them.
+
+    The order depends on the shapes only, not on how the options listed them, so a plan
+    written another way resumes the same.
+    """
+    seen: dict[tuple[Any, ...], Shape] = {}
+    for shape in shapes:
+        seen.setdefault(shape.identity, shape)
+    return sorted(seen.values(), key=_sort_key)
+
+
+def expand(
+    *,
+    ops: Sequence[str],
+    hiddens: Sequence[int],
+    dtypes: Sequence[str],
+    rows: Sequence[int],
+    default_rows: Callable[[int], int],
+    norms: Sequence[ModelNorm] = (),
+    has_weight: bool = True,
+    has_bias: bool = True,
+    default_op: str = "layer_norm",
+    default_dtype: str = "bfloat16",
+) -> list[Shape]:
+    """Expand the shape options and model norms into an ordered, deduplicated plan.
+
+    Without ``norms``, the plan is the product of the lists (an empty list takes the default).
+    With them, each norm gives its op, hidden size and dtype, and a list given on the command
+    line replaces the norm's value.
+
+    Args:
+        ops: the ops given (``--op``; empty: not given, as for the other lists).
+        hiddens: the hidden sizes given.
+        dtypes: the dtypes given (canonical names).
+        rows: the row counts given.
+        default_rows: the row count of a hidden size when ``rows`` is empty.
+        norms: the norms of the model configs given.
+        has_weight: every shape has a weight.
+        has_bias: every shape has a bias.
+        default_op: the op when neither ``ops`` nor a norm names one.
+        default_dtype: the dtype when neither ``dtypes`` nor a norm names one.
+
+    Raises:
+        PlanError: no hidden size (neither ``hiddens`` nor ``norms``).
+
+    """
+    sources = [(ops or [n.op], hiddens or [n.hidden], dtypes or [n.dtype or default_dtype])
+               for n in norms]
+    if not norms:
+        if not hiddens:
+            raise PlanError("--hidden", "give a hidden size (or a model's --config)")
+        sources = [(ops or [default_op], hiddens, dtypes or [default_dtype])]
+    shapes = []
+    for op_list, hidden_list, dtype_list in sources:
+        for op, hidden, dtype in product(op_list, hidden_list, dtype_list):
+            for count in rows or [default_rows(hidden)]:
+                shapes.append(Shape(op, hidden, dtype, count, has_weight, has_bias))
+    return order(shapes)
+
+
+def _dtype_of(config: dict[str, Any], where: str) -> str | None:
+    for key in ("torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is None or value == "auto":
+            continue
+        try:
+            return normalize_dtype(value)
+        except ValueError:
+            raise PlanError("--config", f"{where}: {key} {value!r} is not a dtype autonorm "
+                                        "tunes (float32, float16, bfloat16); give --dtype"
+                            ) from None
+    return None
+
+
+def _hidden_of(config: dict[str, Any], where: str) -> int | None:
+    for key in HIDDEN_KEYS:
+        if key in config:
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlanError("--config", f"{where}: {key} must be a positive integer, "
+                                            f"got {json.dumps(value)}")
+            return value
+    return None
+
+
+def _norm_of(config: dict[str, Any], model_type: str, where: str) -> tuple[str, float | None]:
+    """Say the norm of one (nested) config and its eps, from its keys or its model type."""
+    eps_key = next((key for key in EPS_KEYS if key in config), None)
+    eps = config.get(eps_key) if eps_key else LAYER_NORM_EPS.get(model_type)
+    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))
+                            or not math.isfinite(eps) or eps <= 0):
+        raise PlanError("--config", f"{where}: {eps_key} must be a positive number, "
+                                    f"got {json.dumps(eps)}")
+    if model_type in RMS_MODEL_TYPES:
+        return "rms_norm", eps
+    if eps_key is not None:
+        return EPS_KEYS[eps_key], eps
+    if model_type in LAYER_NORM_EPS:
+        return "layer_norm", eps
+    raise PlanError("--config", f"{where}: cannot tell its norm (no {', '.join(EPS_KEYS)}, "
+                                f"model_type {model_type or 'missing'}); give --op")
+
+
+def norms_of_config(config: Any, name: str, *, op: str | None = None) -> list[ModelNorm]:
+    """Return the norms a parsed Hugging Face style ``config.json`` describes.
+
+    The config and each nested one (``text_config``, ``vision_config``, ``encoder``, ...) with
+    a hidden size give one norm; a nested config takes its parent's dtype and model type
+    where it names none.
+
+    Args:
+        config: the parsed JSON.
+        name: what to call it in messages (its path).
+        op: the norm to assume (``--op``), the eps still read where the config tells it;
+            None: read the norm from the config.
+
+    Raises:
+        PlanError: not a JSON object, no hidden size anywhere, a value of the wrong type, a
+            dtype autonorm does not tune, or a norm it cannot tell (without ``op``).
+
+    """
+    if not isinstance(config, dict):
+        raise PlanError("--config", f"{name}: not a JSON object")
+    found: list[ModelNorm] = []
+
+    def visit(node: dict[str, Any], where: str, dtype: str | None, model_type: str) -> None:
+        dtype = _dtype_of(node, where) or dtype
+        kind = node.get("model_type")
+        model_type = kind if isinstance(kind, str) else model_type
+        hidden = _hidden_of(node, where)
+        if hidden is not None:
+            try:
+                norm, eps = _norm_of(node, model_type, where)
+            except PlanError:
+                if op is None:
+                    raise
+                norm, eps = op, None  # --op names the norm the config does not tell
+            found.append(ModelNorm(op or norm, hidden, dtype, eps, where))
+        for key, value in node.items():
+            if isinstance(value, dict) and (key.endswith("_config") or key in SUB_CONFIG_KEYS):
+                visit(value, f"{where}:{key}", dtype, model_type)
+
+    visit(config, name, None, "")
+    if not found:
+        raise PlanError("--config", f"{name}: no hidden size ({', '.join(HIDDEN_KEYS)})")
+    return found
+
+
+def read_model_config(path: str | Path, *, op: str | None = None) -> list[ModelNorm]:
+    """Read a model's ``config.json`` and return its norms (:func:`norms_of_config`).
+
+    Raises:
+        PlanError: the file cannot be read or parsed, or :func:`norms_of_config` refuses it.
+
+    """
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError("--config", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+                        ) from None
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise PlanError("--config", f"{path}: not JSON: {exc}") from None
+    return norms_of_config(config, str(path), op=op)
+
+
+def problem_of(shape: Shape) -> Problem:
+    """Build the problem of a shape through its family (the flags only when off).
+
+    Raises:
+        KeyError: the op is not registered.
+        TypeError: the family's problem has no weight or bias flag.
+        ValueError: the family refuses the hidden size or dtype.
+
+    """
+    fields: dict[str, Any] = {"hidden": shape.hidden, "dtype": shape.dtype}
+    if not shape.has_weight:
+        fields["has_weight"] = False
+    if not shape.has_bias:
+        fields["has_bias"] = False
+    return family_named(shape.op).problem(**fields)
+
+
+def shape_timeout(timeout: float, budget: float | None, spent: float, remaining: int
+                  ) -> float | None:
+    """Return the search seconds of the next shape: its share of the budget left.
+
+    Args:
+        timeout: the cap of one shape's search (``--timeout``).
+        budget: the plan's total seconds (``--budget``); None: no budget, each shape gets
+            ``timeout``.
+        spent: seconds the plan has run so far.
+        remaining: shapes left to tune, the next one included.
+
+    Returns:
+        ``min(timeout, (budget - spent) / remaining)``, or None when the budget is spent (the
+        share is below :data:`MIN_SHAPE_S`).
+
+    """
+    if budget is None:
+        return timeout
+    if remaining < 1:
+        return None
+    share = (budget - spent) / remaining
+    return None if share < MIN_SHAPE_S else min(timeout, share)
+
+
+def usable_winner(store: TuningDB | None, device: str, shape: Shape, problem: Problem,
+                  limits: DeviceLimits) -> Winner | None:
+    """Return the winner stored for the shape's exact rows bucket if it may still run.
+
+    A winner the family's rules now refuse, or whose configuration renders another kernel than
+    the one that was timed, is no reason to skip the shape (:func:`autonorm.lookup.verdict`).
+    """
+    if store is None:
+        return None
+    winner = store.get_winner(TuningKey.for_problem(device, problem, shape.rows))
+    if winner is None:
+        return None
+    try:
+        status, _ = lookup.verdict(winner, problem, limits)
+    except (TypeError, ValueError):  # a configuration this family cannot read
+        return None
+    return winner if status == lookup.USABLE else None
