@@ -593,3 +593,18 @@ def test_a_timing_names_the_copy_its_share_divides_by() -> None:
     timing = Timing(70.0, 69.0, 71.0, 0.01, gbps=3900.0, share=0.95, samples=20)
     assert timing.copy_gbps == pytest.approx(3900.0 / 0.95)
     assert Timing(70.0, 69.0, 71.0, 0.01, gbps=3900.0).copy_gbps == 0.0  # no share, no copy
+
+
+def test_a_trial_reclaimed_by_another_process_is_told_without_error():
+    # A shared study's heartbeat fails a trial whose process went quiet; when that process
+    # comes back and tells its result, the search goes on and the trial stays failed.
+    from autonorm.tune.search import _Search
+
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    trial = study.ask()
+    study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    search = object.__new__(_Search)
+    search.study, search.in_flight = study, {trial.number: trial}
+    frozen = search._tell(trial, {"role": "evaluate"}, values=[1.0])
+    assert frozen.state == optuna.trial.TrialState.FAIL
+    assert search.in_flight == {}

@@ -154,8 +154,13 @@ class _Search:
     # -- telling
 
     def _tell(self, trial: Trial, attrs: dict[str, Any], **kwargs: Any) -> FrozenTrial:
-        for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+        # Another process may have finished the trial already: a shared study's heartbeat
+        # reclaims a trial whose process went quiet too long. It stays as that process left it.
+        try:
+            for name, value in attrs.items():
+                trial.set_user_attr(name, value)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            kwargs["skip_if_finished"] = True
         frozen = self.study.tell(trial, **kwargs)
         self.in_flight.pop(trial.number, None)
         return frozen
