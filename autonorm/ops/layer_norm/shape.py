@@ -29,7 +29,12 @@ class Shape:
     cache_regs: int  # 32-bit registers a thread spends on a register row cache
     smem_cache_bytes: int  # bytes of shared memory for a shared-memory row cache
     vec: int  # elements per vector access
-    skewed: bool = False  # rows start off the vector grid (vec does not divide the hidden size)
+    head: int = 0  # the furthest a row starts into an aligned vector (0: rows on the grid)
+
+    @property
+    def skewed(self) -> bool:
+        """True when rows start off the vector grid (vec does not divide the hidden size)."""
+        return self.head > 0
 
     @property
     def even(self) -> bool:
@@ -41,10 +46,9 @@ class Shape:
         """Vectors of a segment: the most a row spans.
 
         The last one is partial when ``vec`` does not divide the segment. A skewed row starts
-        up to :func:`skew_max` elements into its first aligned vector, so it may span one more.
+        up to ``head`` elements into its first aligned vector, so it may span one more.
         """
-        head = skew_max(self.segment, self.vec) if self.skewed else 0
-        return math.ceil((self.segment + head) / self.vec)
+        return span_vectors(self.segment, self.head, self.vec)
 
 
 def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
@@ -53,22 +57,26 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     tpr = max(config.threads // max(config.rows_per_block, 1), 1)
     # Rows whose length is not a multiple of the vector start at varying offsets into the
     # aligned vector grid: each row covers its span of aligned vectors, partial at both ends.
-    skewed = problem.hidden % config.vec != 0
-    head = skew_max(problem.hidden, config.vec) if skewed else 0
-    vectors = math.ceil((segment + head) / config.vec)
+    head = skew_max(problem.hidden, config.vec)
+    vectors = span_vectors(segment, head, config.vec)
     iters = math.ceil(vectors / tpr)
     vec_bytes = config.vec * problem.itemsize
     cache_regs = iters * math.ceil(vec_bytes / 4)
-    row_elements = vectors * config.vec if skewed else segment
+    row_elements = vectors * config.vec if head else segment
     smem = config.rows_per_block * row_elements * problem.itemsize
-    return Shape(segment, tpr, iters, cache_regs, smem, config.vec, skewed)
+    return Shape(segment, tpr, iters, cache_regs, smem, config.vec, head)
+
+
+def span_vectors(segment: int, head: int, vec: int) -> int:
+    """Aligned vectors a segment spans when it starts up to ``head`` elements into one."""
+    return math.ceil((segment + head) / vec)
 
 
 def skew_max(hidden: int, vec: int) -> int:
     """The furthest a row of ``hidden`` elements starts into an aligned vector of ``vec``.
 
     Row r starts (r * hidden) % vec elements in: every multiple of gcd(hidden, vec) below vec
-    comes round.
+    comes round. 0 exactly when ``vec`` divides ``hidden``: rows on the vector grid.
     """
     return vec - math.gcd(hidden, vec)
 
