@@ -12,7 +12,10 @@ import threading
 from autonorm.ops.base import Family
 
 # Built-in families: op name -> module whose FAMILY attribute is the family.
-BUILTIN: dict[str, str] = {"layer_norm": "autonorm.ops.layer_norm.family"}
+BUILTIN: dict[str, str] = {
+    "layer_norm": "autonorm.ops.layer_norm.family",
+    "rms_norm": "autonorm.ops.rms_norm.family",
+}
 
 _FAMILIES: dict[str, Family] = {}
 _LOCK = threading.Lock()

@@ -82,7 +82,8 @@ def code_version() -> str:
 def kernel_name(config: KernelConfig, problem: Problem) -> str:
     """Return the unique, deterministic C name of a kernel."""
     text = repr((sorted(config.to_dict().items()), problem))
-    return "autonorm_ln_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    prefix = "autonorm_ln_" if problem.norm == "layer" else f"autonorm_{problem.norm}_"
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def render(
@@ -137,6 +138,9 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "itemsize": problem.itemsize,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,
+        "RMS": problem.norm == "rms",
+        "WOFF": problem.weight_offset,
+        "RES": problem.residual,
         "N": problem.hidden,
         "SEG": shape.segment,
         "NVEC": shape.vectors,

@@ -127,6 +127,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         min_blocks = max(uncapped, capped)
     async_fill = (
         config.cache == "smem" and device.cc >= 80
+        # the residual add passes the row through registers on its way to shared memory
+        and not problem.residual
         # cp.async copies 4, 8 or 16 bytes: not one 16-bit element
         and config.vec * problem.itemsize >= 4
         and shape.iters > ASYNC_FILL_ITERS
@@ -193,8 +195,8 @@ def fuses_passes(config: KernelConfig, problem: Problem) -> bool:
     own its winners ran x0.98-1.01 (docs/accuracy.md, docs/bulk-kernel.md).
     """
     return (
-        config.cache != "bulk" and problem.itemsize == 2 and config.stats == "two_pass"
-        and (config.cluster == 1 or config.rows_per_block == 1)
+        problem.norm == "layer" and config.cache != "bulk" and problem.itemsize == 2
+        and config.stats == "two_pass" and (config.cluster == 1 or config.rows_per_block == 1)
     )
 
 

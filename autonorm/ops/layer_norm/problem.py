@@ -8,21 +8,16 @@ from typing import Any, ClassVar
 from autonorm.dtypes import ITEMSIZE, normalize_dtype
 
 
-@dataclass(frozen=True)
-class Problem:
-    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias)."""
+class RowProblem:
+    """What every row-norm problem (LayerNorm, RMSNorm) shares: element size and vector widths.
+
+    The row and bulk kernels of :mod:`autonorm.ops.layer_norm` serve every problem with these
+    properties and the attributes ``norm`` (``"layer"`` or ``"rms"``), ``has_weight``,
+    ``has_bias``, ``weight_offset`` and ``residual``.
+    """
 
     hidden: int
-    dtype: str = "bfloat16"
-    has_weight: bool = True
-    has_bias: bool = True
-
-    op: ClassVar[str] = "layer_norm"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        if not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+    dtype: str
 
     @property
     def itemsize(self) -> int:
@@ -46,12 +41,38 @@ class Problem:
             vec //= 2
         return vec
 
+
+@dataclass(frozen=True)
+class Problem(RowProblem):
+    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias)."""
+
+    hidden: int
+    dtype: str = "bfloat16"
+    has_weight: bool = True
+    has_bias: bool = True
+
+    op: ClassVar[str] = "layer_norm"
+    norm: ClassVar[str] = "layer"  # the statistic: mean and variance
+    weight_offset: ClassVar[bool] = False  # the weight scales as is
+    residual: ClassVar[bool] = False  # no residual add before the norm
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+
     def fields(self) -> dict[str, Any]:
         """Return the fields that identify the problem (the tuning DB's problem column)."""
         return {
             "hidden": self.hidden, "dtype": self.dtype,
             "has_weight": self.has_weight, "has_bias": self.has_bias,
         }
+
+    def reference(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
+        """Return the float64 LayerNorm of float64 ``x`` (what every kernel is verified against)."""
+        from autonorm.ops.layer_norm.reference import layer_norm_reference
+
+        return layer_norm_reference(x, weight, bias, eps)
 
     def describe(self) -> str:
         """Return e.g. ``bfloat16 hidden 4096 (weight, bias)``."""

@@ -105,6 +105,7 @@ def _judge(
         return reasons, None
     plan = derive_plan(config, problem, device)
     reasons = bulk_reasons(plan, device) if plan.bulk else _row_kernel_reasons(plan)
+    reasons += _residual_reasons(plan)
     if reasons:
         return reasons, plan
     reasons = _common_reasons(plan, device)
@@ -134,7 +135,12 @@ def _domain_reasons(config: KernelConfig, problem: Problem, allow_unstable: bool
     if config.cache not in CACHES:
         reasons.append(f"cache must be one of {CACHES}")
     stats_ok = STATS + (("naive",) if allow_unstable else ())
-    if config.stats not in stats_ok:
+    if problem.norm == "rms":
+        # RMSNorm's one statistic, the mean of squares, takes no choice: the field keeps its
+        # default so that one kernel has one configuration.
+        if config.stats != "two_pass":
+            reasons.append("RMSNorm has one statistic: stats must be 'two_pass' (its default)")
+    elif config.stats not in stats_ok:
         reasons.append(f"stats must be one of {stats_ok}")
     if config.cluster not in CLUSTERS:
         reasons.append(f"cluster must be one of {CLUSTERS}")
@@ -164,15 +170,39 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
         # rows win only in the bulk kernel (docs/l2-hints.md).
         reasons.append("keep_x applies to the fwd kernel at cluster 1 only (clustered "
                        "kernels with the hint raised an illegal instruction)")
-    elif config.keep_x and plan.problem.itemsize == 4 and plan.async_fill:
+    elif config.keep_x and plan.async_fill and (
+            plan.problem.itemsize == 4 or plan.problem.norm == "rms"):
         # Every fp32 one-row two-pass smem kernel filled by hinted cp.async that was run (4-, 8-
         # and 16-byte fills, 8-64 vectors a thread, a persistent grid too) raised
         # cudaErrorIllegalInstruction on the H200; their plain twins verified. The Welford and
         # two-row forms verified, but the cause is not known, so every fp32 kernel with a
         # hinted cp.async fill is refused. No fp32 winner fills by cp.async; every 16-bit
-        # hinted fill run verified (docs/l2-hints.md).
-        reasons.append("keep_x is refused to fp32 kernels whose shared-memory row is "
+        # hinted fill run verified (docs/l2-hints.md). A 16-bit RMSNorm kernel faulted the same
+        # way where its hinted fills were the suspects, so RMSNorm is refused them too.
+        kind = "RMSNorm" if plan.problem.norm == "rms" else "fp32"
+        reasons.append(f"keep_x is refused to {kind} kernels whose shared-memory row is "
                        "filled by cp.async (the hinted fill raised an illegal instruction)")
+    return reasons
+
+
+def _residual_reasons(plan: Plan) -> list[str]:
+    """Where the residual add cannot go: it runs where a row cache is filled from x.
+
+    The register and shared-memory caches take ``h = x + residual`` as they are filled, store it
+    once and normalize it; the uncached kernel would re-read both inputs in every pass, the
+    bulk-copy kernel fills its tiles without passing through registers, and a prefetching one
+    holds the next row's x but not its residual.
+    """
+    config = plan.config
+    if not plan.problem.residual:
+        return []
+    reasons = []
+    if config.cache not in ("registers", "smem"):
+        reasons.append(f"the residual add needs a register or shared-memory row cache, not "
+                       f"cache={config.cache!r}")
+    elif plan.prefetch:
+        reasons.append("the residual add does not prefetch: use blocks_per_sm 0 with a "
+                       "register cache")
     return reasons
 
 
@@ -187,13 +217,16 @@ def _common_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
             reasons.append("a cluster splits one row: rows_per_block must be 1")
         if problem.hidden % (config.cluster * config.vec):
             reasons.append("cluster x vec must divide hidden so every block gets whole vectors")
-    if config.stats == "two_pass" and config.cache == "none":
+    # RMSNorm reads its row twice (sum of squares, then scale), not three times, and sums no
+    # differences: the two-pass rules below are LayerNorm's.
+    layer = problem.norm == "layer"
+    if layer and config.stats == "two_pass" and config.cache == "none":
         reasons.append("two_pass statistics re-read the row: they need a row cache")
     if not plan.bulk and shape.threads_per_row > 32 and config.rows_per_block > 15:
         # Rows of several warps synchronise with named barriers 1..rows_per_block; a block has
         # 16 (0..15), so 16 such rows would use barrier 16, which does not exist.
         reasons.append("more than 15 multi-warp rows per block exceed the 16 named barriers")
-    if (config.stats == "two_pass" and problem.itemsize == 4 and not plan.bulk
+    if (layer and config.stats == "two_pass" and problem.itemsize == 4 and not plan.bulk
             and shape.iters * config.vec > TWO_PASS_RUN_MAX):
         reasons.append(f"fp32 two-pass over more than {TWO_PASS_RUN_MAX} elements per thread "
                        "loses accuracy after an outlier")

@@ -25,7 +25,6 @@ from autonorm.ops.layer_norm.cases import (
     make_cases,
 )
 from autonorm.ops.layer_norm.problem import Problem
-from autonorm.ops.layer_norm.reference import layer_norm_reference
 
 __all__ = [
     "OUTLIER_CASE", "ROW_CASES", "VERIFY_ROWS", "Case", "Launchable", "VerifyResult",
@@ -48,7 +47,11 @@ class Launchable(Protocol):
     plan: Any
 
     def launch_arrays(self, *args: Any, grid: int | None = None) -> None:
-        """Run on (x, weight, bias, y, rows, eps) arrays of the caller's array module."""
+        """Run on arrays of the caller's array module.
+
+        The arguments are (x, weight, bias, y, rows, eps), or (x, residual, weight, bias, y, h,
+        rows, eps) for a residual add.
+        """
         ...
 
 
@@ -109,13 +112,17 @@ def verify(
         x = from_float64(xp.asarray(case.x), dtype)  # rounded where it runs (the GPU)
         y = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)  # NaN + a guard row
         grid = kernel.plan.cluster if case.small_grid else None
-        kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
-        if hasattr(xp, "cuda"):
-            xp.cuda.get_current_stream().synchronize()
+        if problem.residual:
+            x, h_ref = _launch_residual(kernel, case, dtype, (w, b, y, eps), grid, xp, result)
+        else:
+            kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
+            if hasattr(xp, "cuda"):
+                xp.cuda.get_current_stream().synchronize()
         if bool((y[rows] != _POISON[dtype]).any()):
             result.failures.append(f"{case.name}: wrote past the last row")
         out = _output(y[:rows], dtype, xp)
-        ref = layer_norm_reference(to_float64(x, dtype), w_ref, b_ref, eps)
+        ref = problem.reference(
+            h_ref if problem.residual else to_float64(x, dtype), w_ref, b_ref, eps)
         err = measure_error(out, ref)
         result.errors[case.name] = err
         if err.nonfinite:
@@ -126,12 +133,43 @@ def verify(
                 f"{case.name}: rel_l2 {err.rel_l2:.2e} (tol {tol['rel_l2']:.0e}), "
                 f"scaled_max {err.scaled_max:.2e} (tol {tol['scaled_max']:.0e})"
             )
-        if case.expect_bias:
+        if case.expect_bias and problem.norm == "layer":
             expected = b_ref if b_ref is not None else xp.zeros(n)
             if not bool((out == expected[None, :]).all()):
                 result.failures.append(f"{case.name}: constant rows must give exactly the bias")
     result.ok = not result.failures
     return result
+
+
+def _launch_residual(
+    kernel: Launchable, case: Case, dtype: str, wbye: tuple, grid: int | None, xp: Any,
+    result: VerifyResult,
+) -> tuple[Any, Any]:
+    """Launch a residual add on ``case``: x is split into a residual half and the rest.
+
+    The case's rows stay what is normalized (up to the rounding of the sum), so each case tests
+    what it was made for. The stored h must equal the float64 sum of x and the residual rounded
+    to the dtype, bit for bit (one rounding of the sum, as documented). Returns x and the
+    float64 values of the expected h, which the reference normalizes.
+    """
+    rows, n = case.x.shape
+    w, b, y, eps = wbye
+    residual = from_float64(xp.asarray(0.5 * case.x[::-1].copy()), dtype)  # other rows' halves
+    part = from_float64(xp.asarray(case.x) - to_float64(residual, dtype), dtype)
+    bits = y.dtype
+    h = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)
+    kernel.launch_arrays(part, residual, w, b, y, h, rows, eps, grid=grid)
+    if hasattr(xp, "cuda"):
+        xp.cuda.get_current_stream().synchronize()
+    if bool((h[rows] != _POISON[dtype]).any()):
+        result.failures.append(f"{case.name}: wrote h past the last row")
+    expected = from_float64(to_float64(part, dtype) + to_float64(residual, dtype), dtype)
+    expected_bits = expected.view(bits)
+    if not bool((h[:rows] == expected_bits).all()):
+        wrong = int((h[:rows] != expected_bits).sum())
+        result.failures.append(f"{case.name}: h differs from x + residual rounded in {wrong} "
+                               "elements")
+    return part, to_float64(expected, dtype)
 
 
 def _output(out_bits: Any, dtype: str, xp: Any) -> Any:

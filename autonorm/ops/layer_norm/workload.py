@@ -53,7 +53,8 @@ class LayerNormWorkload:
         self.problem = problem
         self.rows = rows
         self.nbytes = nbytes
-        per_set = 2 * rows * problem.hidden * problem.itemsize
+        # x and y, and with the residual add its input and h
+        per_set = (4 if problem.residual else 2) * rows * problem.hidden * problem.itemsize
         self.n_sets = rotation_count(per_set, query_device(device_id).l2_bytes)
         # One tile counter for every launch here, graph-captured ones too (the bulk kernel's
         # dynamic schedule, as dispatch runs it): these launches never overlap.
@@ -64,6 +65,11 @@ class LayerNormWorkload:
             x0 = cupy.asarray(from_float64(base, problem.dtype))
             self._xs = [x0] + [cupy.roll(x0, k + 1, axis=0) for k in range(self.n_sets - 1)]
             self._ys = [cupy.empty_like(x0) for _ in range(self.n_sets)]
+            if problem.residual:
+                r0 = cupy.asarray(from_float64(rng.standard_normal((rows, problem.hidden)),
+                                               problem.dtype))
+                self._rs = [cupy.roll(r0, k, axis=0) for k in range(self.n_sets)]
+                self._hs = [cupy.empty_like(x0) for _ in range(self.n_sets)]
             w = from_float64(1.0 + 0.1 * rng.standard_normal(problem.hidden), problem.dtype)
             b = from_float64(0.1 * rng.standard_normal(problem.hidden), problem.dtype)
             self._w = cupy.asarray(w) if problem.has_weight else None
@@ -71,10 +77,17 @@ class LayerNormWorkload:
         wp = 0 if self._w is None else self._w.data.ptr
         bp = 0 if self._b is None else self._b.data.ptr
         # The launch arguments of each set, made once: a timed loop only indexes them.
-        self._args = [
-            (x.data.ptr, wp, bp, y.data.ptr, rows, EPS)
-            for x, y in zip(self._xs, self._ys, strict=True)
-        ]
+        if problem.residual:
+            # The residual kernels' order: x, residual, weight, bias, y, h, rows, eps.
+            self._args = [
+                (x.data.ptr, r.data.ptr, wp, bp, y.data.ptr, h.data.ptr, rows, EPS)
+                for x, r, y, h in zip(self._xs, self._rs, self._ys, self._hs, strict=True)
+            ]
+        else:
+            self._args = [
+                (x.data.ptr, wp, bp, y.data.ptr, rows, EPS)
+                for x, y in zip(self._xs, self._ys, strict=True)
+            ]
         self._work_ptr = self._work.data.ptr
         self._cases: list[Case] | None = None
 

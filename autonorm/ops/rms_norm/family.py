@@ -1,0 +1,72 @@
+"""RMSNorm forward as a kernel family (:class:`autonorm.ops.base.Family`).
+
+It runs LayerNorm's row and bulk-copy kernels with the RMS statistic, so it inherits their
+search space, rules, rendering, launch ABI (``x, weight, bias = 0, y, rows, eps``), workload and
+export launcher, and overrides what names or sizes the problem.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autonorm.dtypes import SHORT_DTYPES
+from autonorm.ops.layer_norm.family import NEIGHBOUR_MAX_RATIO, LayerNormFamily
+from autonorm.ops.rms_norm.problem import Problem
+from autonorm.runtime.abi import KernelABI
+
+# The residual kernels take x, residual, weight, bias, y, h, rows, eps (then the workspace);
+# the others LayerNorm's list (x, weight, bias, y, rows, eps).
+RESIDUAL_ABI = KernelABI("QQQQQQif", rows_index=6, workspace=True)
+
+
+class RMSNormFamily(LayerNormFamily):
+    """``y = x / sqrt(mean(x^2) + eps) * w`` over each row (``w`` may be ``1 + weight``)."""
+
+    op = "rms_norm"
+    problem_type = Problem
+    # No release before kernel digests had this family: no migrated winner to trust.
+    legacy_versions: frozenset[str] = frozenset()
+
+    def problem(self, **fields: Any) -> Problem:
+        """Build a problem from its fields (hidden, dtype, has_weight, weight_offset)."""
+        return Problem(**fields)
+
+    def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
+        """Return how far ``other``'s winners are from ``problem`` in octaves, or None.
+
+        Problems with the same dtype and weight form lend their winners across hidden sizes
+        less than :data:`~autonorm.ops.layer_norm.family.NEIGHBOUR_MAX_RATIO` apart.
+        """
+        same = (problem.dtype, problem.has_weight, problem.weight_offset)
+        if (other.dtype, other.has_weight, other.weight_offset) != same:
+            return None
+        distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
+        return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
+
+    def bytes_moved(self, problem: Problem, rows: int) -> int:
+        """Return the fewest bytes a launch moves.
+
+        x is read and y written once (with the residual add, the residual read and h written
+        once too), and the weight read once.
+        """
+        rows_moved = (4 if problem.residual else 2) * rows
+        return (rows_moved + int(problem.has_weight)) * problem.hidden * problem.itemsize
+
+    def kernel_abi(self, kernel: Any) -> KernelABI:
+        """Return the parameter list of ``kernel`` (:data:`RESIDUAL_ABI` with the residual add)."""
+        return RESIDUAL_ABI if kernel.problem.residual else super().kernel_abi(kernel)
+
+    def export_basename(self, problem: Problem) -> str:
+        """Return the default file stem of an export, e.g. ``autonorm_rms_bf16_h4096``."""
+        name = f"autonorm_rms_{SHORT_DTYPES[problem.dtype]}_h{problem.hidden}"
+        if problem.residual:
+            name = name.replace("autonorm_rms_", "autonorm_add_rms_", 1)
+        if not problem.has_weight:
+            name += "_noweight"
+        elif problem.weight_offset:
+            name += "_offset"
+        return name
+
+
+FAMILY = RMSNormFamily()

@@ -1,0 +1,62 @@
+"""What an RMSNorm forward normalizes: the hidden size, the dtype and the weight's form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from autonorm.dtypes import normalize_dtype
+from autonorm.ops.layer_norm.problem import RowProblem
+
+
+@dataclass(frozen=True)
+class Problem(RowProblem):
+    """Rows of ``hidden`` elements of ``dtype``, scaled by their root mean square.
+
+    ``y = x / sqrt(mean(x^2) + eps) * w``, with ``w`` the weight, ``1 + weight`` where
+    ``weight_offset`` (Gemma's form: a weight stored as its offset from one), or one without a
+    weight. RMSNorm has no bias. With ``residual``, the kernel first adds a residual row of the
+    same dtype, ``h = x + residual`` rounded to the dtype, stores ``h`` and normalizes it.
+    """
+
+    hidden: int
+    dtype: str = "bfloat16"
+    has_weight: bool = True
+    weight_offset: bool = False
+    residual: bool = False
+
+    op: ClassVar[str] = "rms_norm"
+    norm: ClassVar[str] = "rms"  # the statistic: the mean of squares
+    has_bias: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+        if self.weight_offset and not self.has_weight:
+            raise ValueError("weight_offset scales by 1 + weight: it needs a weight")
+
+    def fields(self) -> dict[str, Any]:
+        """Return the fields that identify the problem (the tuning DB's problem column)."""
+        return {
+            "hidden": self.hidden, "dtype": self.dtype,
+            "has_weight": self.has_weight, "weight_offset": self.weight_offset,
+            "residual": self.residual,
+        }
+
+    def reference(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
+        """Return the float64 RMSNorm of float64 ``x`` (``bias`` must be None: there is none)."""
+        from autonorm.ops.rms_norm.reference import rms_norm_reference
+
+        if bias is not None:
+            raise ValueError("RMSNorm takes no bias")
+        return rms_norm_reference(x, weight, eps, self.weight_offset)
+
+    def describe(self) -> str:
+        """Return e.g. ``bfloat16 hidden 4096 (weight)`` or ``... (1 + weight)``."""
+        if not self.has_weight:
+            scale = "no weight"
+        else:
+            scale = "1 + weight" if self.weight_offset else "weight"
+        add = "residual + " if self.residual else ""
+        return f"{add}{self.dtype} hidden {self.hidden} ({scale})"

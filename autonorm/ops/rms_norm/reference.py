@@ -1,0 +1,40 @@
+"""The float64 RMSNorm reference, and RMSNorm of NumPy arrays on the CPU.
+
+:func:`rms_norm_reference` is what every RMSNorm kernel is verified against. Array-module
+agnostic (NumPy or CuPy, by the input); no CuPy import at module import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autonorm.numerics import array_module
+
+
+def rms_norm_reference(
+    x: Any, weight: Any | None, eps: float, weight_offset: bool = False
+) -> Any:
+    """Float64 RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * w``.
+
+    ``w`` is ``weight``, ``1 + weight`` with ``weight_offset``, or one when ``weight`` is None.
+    """
+    xp = array_module(x)
+    y = x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        y = y * (1.0 + weight if weight_offset else weight)
+    return y
+
+
+def rms_norm_cpu(
+    x: np.ndarray, weight: Any | None, eps: float, weight_offset: bool = False
+) -> Any:
+    """RMSNorm of NumPy arrays on the CPU, returned in the input dtype (float64 inside)."""
+    y = rms_norm_reference(
+        x.astype(np.float64),
+        None if weight is None else np.asarray(weight, dtype=np.float64),
+        eps,
+        weight_offset,
+    )
+    return y.astype(x.dtype)
