@@ -1,4 +1,4 @@
-"""autonorm: a code-generating CUDA LayerNorm autotuner.
+"""autonorm: a code-generating CUDA autotuner for LayerNorm and RMSNorm.
 
 ``import autonorm`` works on a machine without a GPU: CuPy is imported only when a kernel is
 compiled or launched.
@@ -14,7 +14,14 @@ __version__ = "0.1.0"
 
 from autonorm.errors import AutonormError  # noqa: E402
 
-__all__ = ["AutonormError", "__version__", "layer_norm", "tune_on_first_use"]
+__all__ = [
+    "AutonormError",
+    "__version__",
+    "add_rms_norm",
+    "layer_norm",
+    "rms_norm",
+    "tune_on_first_use",
+]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
@@ -22,6 +29,14 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
         from autonorm.api import layer_norm
 
         return layer_norm
+    if name == "rms_norm":
+        from autonorm.api import rms_norm
+
+        return rms_norm
+    if name == "add_rms_norm":
+        from autonorm.api_rms import add_rms_norm
+
+        return add_rms_norm
     if name == "tune_on_first_use":
         from autonorm.tune.first_use import tune_on_first_use
 

@@ -1,4 +1,4 @@
-"""Validation of :func:`autonorm.torch.layer_norm`'s arguments, with errors that name the fault.
+"""Validation of autonorm.torch's arguments (LayerNorm, RMSNorm), with errors that name the fault.
 
 The hot path (:func:`autonorm.torch.forward.forward_cuda`) checks the common case inline and
 comes here only for anything unusual, which either raises or is accepted (an int eps, say).
@@ -76,3 +76,66 @@ def validate(
     if not as_float(eps) > 0:
         raise InputError(f"eps must be > 0, got {eps!r}")
     return hidden
+
+
+def check_weight_offset(weight_offset: object, weight: torch.Tensor | None) -> None:
+    """Raise unless ``weight_offset`` is a bool, and True only with a weight to offset."""
+    if type(weight_offset) is not bool:
+        raise InputError(
+            f"weight_offset must be True or False, got {type(weight_offset).__name__} "
+            f"{weight_offset!r}"
+        )
+    if weight_offset and weight is None:
+        raise InputError("weight_offset=True scales by 1 + weight: it needs a weight")
+
+
+def validate_rms(
+    x: object, weight: torch.Tensor | None, eps: object, weight_offset: object
+) -> int:
+    """Check the arguments of :func:`autonorm.torch.rms_norm` and return the hidden size.
+
+    Raises:
+        InputError: as :func:`validate` does, or weight_offset is no bool or has no weight.
+
+    """
+    hidden = validate(x, weight, None, eps)
+    check_weight_offset(weight_offset, weight)
+    return hidden
+
+
+def validate_add_rms(
+    x: object,
+    residual: object,
+    weight: torch.Tensor | None,
+    eps: object,
+    weight_offset: object,
+) -> int:
+    """Check the arguments of :func:`autonorm.torch.add_rms_norm` and return the hidden size.
+
+    Raises:
+        InputError: as :func:`validate_rms` does, or residual is not a tensor.
+        ShapeError: residual's shape is not x's.
+        UnsupportedDtypeError: residual's dtype is not x's.
+        DeviceMismatchError: residual is not on x's device.
+
+    """
+    hidden = validate_rms(x, weight, eps, weight_offset)
+    if not isinstance(residual, torch.Tensor):
+        raise InputError(f"residual must be a torch.Tensor like x, got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ShapeError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    if residual.dtype != x.dtype:
+        raise UnsupportedDtypeError(
+            f"residual has dtype {residual.dtype} but x has dtype {x.dtype}: they must be the same"
+        )
+    if residual.device != x.device:
+        raise DeviceMismatchError(f"residual is on {residual.device} but x is on {x.device}")
+    return hidden
+
+
+def check_flag(value: object, name: str) -> None:
+    """Raise InputError naming ``name`` unless ``value`` is True or False."""
+    if type(value) is not bool:
+        raise InputError(f"{name} must be True or False, got {type(value).__name__} {value!r}")

@@ -21,11 +21,11 @@ _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch.is_autocast_enabled
 # Any autocast at all (one C call), so the common no-autocast case skips the per-device query.
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
     lambda: _is_autocast_enabled("cuda") or _is_autocast_enabled("cpu")
 )
 # Number of active TorchDispatchModes (make_fx, FlopCounterMode, ...): they must see the op.
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None) or (lambda: 0)
+dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None) or (lambda: 0)
 
 
 # An explicit schema: with postponed annotations, inferring it from type hints is fragile.
@@ -90,15 +90,31 @@ _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
 
 # CUDA autocast runs torch's layer_norm in float32 (its fp32 op list); do the same so a replaced
 # model keeps the dtypes the original produced, compiled or not. CPU autocast has no such rule
-# for layer_norm; the eager wrapper handles it (see _apply_autocast).
+# for layer_norm; the eager wrapper handles it (see apply_autocast).
 if hasattr(torch.library, "register_autocast"):  # torch >= 2.5
     torch.library.register_autocast("autonorm::layer_norm", "cuda", torch.float32)
 
 _OP = torch.ops.autonorm.layer_norm.default
 
 
-def _apply_autocast(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+def torch_autocasts_to_fp32(op: str) -> bool:
+    """Whether this torch build's CUDA autocast runs ``op`` (e.g. ``"aten::rms_norm"``) in fp32.
+
+    torch's fp32 op list grows between releases (rms_norm joined layer_norm there after 2.11, which
+    leaves it in the input's dtype), so autonorm's ops follow the build they run on.
+    """
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, "AutocastCUDA"))
+    except (AttributeError, RuntimeError):  # a private API: assume the current rule
+        return True
+
+
+def apply_autocast(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    cuda_fp32: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Cast the arguments the way torch's layer_norm behaves under autocast on x's device.
 
@@ -106,12 +122,19 @@ def _apply_autocast(
     the op's registered autocast rule also does. CPU autocast leaves layer_norm alone, and torch's
     CPU kernel accepts float32 weights with a bfloat16 x, returning x's dtype: cast weight and bias
     to x's dtype so the output dtype matches (the parameters are rounded to it, the one numerical
-    difference). Other devices: unchanged.
+    difference). Other devices: unchanged. :mod:`.rms_op` casts with this too (bias None), with
+    ``cuda_fp32`` set to whether this torch build's CUDA autocast runs rms_norm in float32
+    (:func:`torch_autocasts_to_fp32`); without it CUDA behaves as the CPU does.
     """
     if x.is_cuda:
         if not _is_autocast_enabled("cuda"):
             return x, weight, bias
-        dtype = torch.float32
+        if cuda_fp32:
+            dtype = torch.float32
+        elif x.dtype in DTYPE_NAMES:
+            dtype = x.dtype  # an op autocast leaves alone: the parameters follow x, as on the CPU
+        else:
+            return x, weight, bias
     elif x.device.type == "cpu" and _is_autocast_enabled("cpu") and x.dtype in DTYPE_NAMES:
         dtype = x.dtype
     else:
@@ -166,15 +189,15 @@ def layer_norm(
     """
     if _is_compiling():
         return _OP(x, weight, bias, eps)
-    if type(x) is not _Tensor or _dispatch_modes():
+    if type(x) is not _Tensor or dispatch_modes():
         # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
         if not isinstance(x, torch.Tensor):
             raise InputError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if _any_autocast():
-            x, weight, bias = _apply_autocast(x, weight, bias)
+        if any_autocast():
+            x, weight, bias = apply_autocast(x, weight, bias)
         return _OP(x, weight, bias, as_float(eps))
-    if _any_autocast():
-        x, weight, bias = _apply_autocast(x, weight, bias)
+    if any_autocast():
+        x, weight, bias = apply_autocast(x, weight, bias)
     if _is_grad_enabled() and (
         x.requires_grad
         or (weight is not None and weight.requires_grad)

@@ -1,25 +1,35 @@
-"""The forward computation: the autonorm kernel on CUDA tensors, torch's own elsewhere.
+"""The forward computations: the autonorm kernels on CUDA tensors, torch's own elsewhere.
 
-:func:`forward_cuda` is the hot path. It launches the kernel that :mod:`autonorm.dispatch` hands
-out (imported at the first miss), cached here per (device, dtype, hidden, affine flags, rows
-bucket): building the dispatcher's problem key costs more than this tuple. No autograd and no
-dispatch happen here; :mod:`autonorm.torch.custom_op` decides when to come here.
+:func:`forward_cuda` (LayerNorm) and :func:`forward_rms_cuda` (RMSNorm) are the hot paths. They
+launch the kernel that :mod:`autonorm.dispatch` hands out (imported at the first miss), cached
+here per (device, dtype, hidden, weight form, rows bucket): building the dispatcher's problem key
+costs more than this tuple; the residual-add forwards (:mod:`.residual_forward`) share the caches
+and the launch helpers. No autograd and no dispatch happen here; :mod:`.custom_op`, :mod:`.rms_op`
+and :mod:`.add_rms_op` decide when to come here.
 
 A kernel's launch takes its parameters as one tuple in its family's order
-(:meth:`autonorm.runtime.compiler.CompiledKernel.launch`): for LayerNorm x, weight, bias, y
-(pointers), rows and eps.
+(:meth:`autonorm.runtime.compiler.CompiledKernel.launch`): for LayerNorm and RMSNorm alike x,
+weight, bias, y (pointers; RMSNorm's bias pointer is always 0), rows and eps; with the residual
+add x, residual, weight, bias, y, h, rows and eps.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional alias
 
 from autonorm.ops.layer_norm.problem import Problem
-from autonorm.torch.checks import DTYPE_NAMES, validate
+from autonorm.ops.rms_norm.problem import Problem as RMSProblem
+from autonorm.torch.checks import DTYPE_NAMES, validate, validate_rms
 
-# (device index, torch dtype, hidden, has_weight, has_bias, rows bucket) -> compiled kernel.
+# (device index, torch dtype, hidden, has_weight, has_bias, rows bucket) -> LayerNorm kernel.
 _KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
+# (device index, torch dtype, hidden, has_weight, weight_offset, rows bucket) -> RMSNorm kernel.
+_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
+# The same key -> residual add + RMSNorm kernel.
+_ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 
 
 def _raw_stream_fallback(index: int) -> int:
@@ -36,6 +46,8 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 def clear_kernel_cache() -> None:
     """Forget the kernels cached by autonorm.torch (the dispatcher keeps its own cache)."""
     _KERNELS.clear()
+    _RMS_KERNELS.clear()
+    _ADD_RMS_KERNELS.clear()
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -51,34 +63,63 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _fetch_kernel(key: tuple, rows: int, device_id: int) -> object:
-    """Look a kernel up in the dispatcher (tuning DB, compile, load) and cache it here."""
-    from autonorm.dispatch import get_kernel
-
+def _layer_norm_problem(key: tuple) -> Problem:
+    """The LayerNorm problem of a :data:`_KERNELS` key."""
     _, dtype, hidden, has_weight, has_bias, _ = key
-    problem = Problem(int(hidden), DTYPE_NAMES[dtype], has_weight, has_bias)
-    kernel = get_kernel(problem, rows, device_id)
-    _KERNELS[key] = kernel
+    return Problem(int(hidden), DTYPE_NAMES[dtype], has_weight, has_bias)
+
+
+def _rms_norm_problem(key: tuple) -> RMSProblem:
+    """The RMSNorm problem of a :data:`_RMS_KERNELS` key."""
+    _, dtype, hidden, has_weight, weight_offset, _ = key
+    return RMSProblem(int(hidden), DTYPE_NAMES[dtype], has_weight, weight_offset)
+
+
+def _add_rms_norm_problem(key: tuple) -> RMSProblem:
+    """The residual-add RMSNorm problem of an :data:`_ADD_RMS_KERNELS` key."""
+    _, dtype, hidden, has_weight, weight_offset, _ = key
+    return RMSProblem(int(hidden), DTYPE_NAMES[dtype], has_weight, weight_offset, residual=True)
+
+
+def _cached_or_fetched(
+    cache: dict, problem_of: Callable[[tuple], object], key: tuple, rows: int, device_id: int
+) -> object:
+    """Return the kernel cached for ``key``, else fetch it from the dispatcher and cache it.
+
+    ``problem_of`` turns the key into the dispatcher's problem (only on a miss).
+    """
+    kernel = cache.get(key)
+    if kernel is None:
+        from autonorm.dispatch import get_kernel
+
+        kernel = get_kernel(problem_of(key), rows, device_id)
+        cache[key] = kernel
     return kernel
 
 
-def _cached_or_fetched(key: tuple, rows: int, device_id: int) -> object:
-    """Return the cached kernel for ``key``, fetching it from the dispatcher on a miss."""
-    kernel = _KERNELS.get(key)
-    return _fetch_kernel(key, rows, device_id) if kernel is None else kernel
+def _launch_cold(
+    cache: dict,
+    problem_of: Callable[[tuple], object],
+    key: tuple,
+    args: tuple,
+    stream: int,
+    device_id: int,
+    rows_index: int = 4,
+) -> None:
+    """Launch when the kernel is not cached yet or x's device is not the current one.
 
-
-def _launch_cold(key: tuple, args: tuple, stream: int, device_id: int) -> None:
-    """Launch when the kernel is not cached yet or x's device is not the current one."""
+    ``args[rows_index]`` is the row count (4 in LayerNorm's parameter list).
+    """
+    rows = args[rows_index]
     if device_id == _current_device():
-        _cached_or_fetched(key, args[4], device_id).launch(args, stream)
+        _cached_or_fetched(cache, problem_of, key, rows, device_id).launch(args, stream)
         return
     # Kernels are loaded per device context: make x's device current for torch and CuPy alike
     # (both drive the CUDA runtime's current device) while fetching and launching.
     import cupy
 
     with torch.cuda.device(device_id), cupy.cuda.Device(device_id):
-        _cached_or_fetched(key, args[4], device_id).launch(args, stream)
+        _cached_or_fetched(cache, problem_of, key, rows, device_id).launch(args, stream)
 
 
 def _affine_fits(t: torch.Tensor | None, dtype: torch.dtype, hidden: int, device_id: int) -> bool:
@@ -142,7 +183,7 @@ def forward_cuda(
     if kernel is not None and device_id == _current_device():
         kernel.launch(args, stream)
     else:
-        _launch_cold(key, args, stream, device_id)
+        _launch_cold(_KERNELS, _layer_norm_problem, key, args, stream, device_id)
     return y
 
 
@@ -153,3 +194,68 @@ def forward_reference(
     hidden = validate(x, weight, bias, eps)
     # contiguous so the result has the strides the fake implementation promises.
     return F.layer_norm(x.contiguous(), (hidden,), weight, bias, float(eps))
+
+
+def forward_rms_cuda(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: bool
+) -> torch.Tensor:
+    """Run the autonorm RMSNorm kernel on CUDA tensors: no autograd, returns a new tensor.
+
+    The same flat hot path as :func:`forward_cuda`, with one parameter fewer.
+    """
+    dtype = x.dtype
+    shape = x.shape
+    device_id = x.get_device()
+    hidden = shape[-1] if shape else 0
+    if not (
+        dtype in DTYPE_NAMES
+        and shape
+        and type(eps) is float
+        and eps > 0
+        and _affine_fits(weight, dtype, hidden, device_id)
+        and (weight_offset is False or (weight_offset is True and weight is not None))
+    ):
+        validate_rms(x, weight, eps, weight_offset)
+    # As in forward_cuda: aligned copies stay referenced until the launch is enqueued.
+    xp = x.data_ptr()
+    if xp & 15 or not x.is_contiguous():
+        x = _aligned(x)
+        xp = x.data_ptr()
+    wp = 0
+    if weight is not None:
+        wp = weight.data_ptr()
+        if wp & 15 or not weight.is_contiguous():
+            weight = _aligned(weight)
+            wp = weight.data_ptr()
+    y = torch.empty_like(x)
+    rows = x.numel() // hidden if hidden else 0
+    if rows == 0:
+        return y
+    bucket = 1 if rows <= 1 else 1 << (rows - 1).bit_length()  # ops.base.rows_bucket, inlined
+    key = (device_id, dtype, hidden, weight is not None, weight_offset, bucket)
+    args = (xp, wp, 0, y.data_ptr(), rows, float(eps))
+    stream = _raw_stream(device_id)
+    kernel = _RMS_KERNELS.get(key)
+    if kernel is not None and device_id == _current_device():
+        kernel.launch(args, stream)
+    else:
+        _launch_cold(_RMS_KERNELS, _rms_norm_problem, key, args, stream, device_id)
+    return y
+
+
+def forward_rms_reference(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: bool
+) -> torch.Tensor:
+    """Compute RMSNorm with torch's own ops (CPU and every non-CUDA device).
+
+    ``torch.nn.functional.rms_norm`` where it applies; the ``1 + weight`` form has no torch
+    function, so it is computed in float32 and rounded once, as the kernel does.
+    """
+    hidden = validate_rms(x, weight, eps, weight_offset)
+    x = x.contiguous()  # the strides the fake implementation promises
+    if not weight_offset:
+        return F.rms_norm(x, (hidden,), weight, float(eps))
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + float(eps))
+    return (y * (1.0 + weight.float())).to(x.dtype)
+
