@@ -20,10 +20,10 @@ import autonorm.checkout  # noqa: F401
 from autonorm import __version__
 from autonorm.cli_db import db as db_commands
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
-from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite, tune_options
+from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
+from autonorm.cli_problem import DEFAULT_OP, build_problem, problem_options
 from autonorm.errors import ConfigError
 from autonorm.ops import registry
-from autonorm.ops.base import Problem
 from autonorm.ops.layer_norm.config import (
     BLOCKS_PER_SM,
     BULK_FIXED,
@@ -35,31 +35,11 @@ from autonorm.ops.layer_norm.config import (
     STATS,
     THREADS,
     VECS,
+    KernelConfig,
 )
-
-# The kernel family the commands work on unless --op names another.
-DEFAULT_OP = "layer_norm"
 
 # Rows tuned for by default: 2^26 elements, a large LLM batch at any hidden size.
 DEFAULT_ELEMENTS = 1 << 26
-
-
-def _problem(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool) -> Problem:
-    """Build the problem of ``op`` from the shape options (the flags only when given)."""
-    fields: dict[str, Any] = {"hidden": hidden, "dtype": dtype}
-    # Passed only when set: a family whose problem has no weight or bias still parses.
-    if no_weight:
-        fields["has_weight"] = False
-    if no_bias:
-        fields["has_bias"] = False
-    try:
-        return registry.get(op).problem(**fields)
-    except TypeError:
-        raise click.UsageError(
-            f"op {op} takes no {'--no-weight' if no_weight else '--no-bias'}"
-        ) from None
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 def _default_rows(hidden: int) -> int:
@@ -69,7 +49,7 @@ def _default_rows(hidden: int) -> int:
 @click.group(cls=MessageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autonorm")
 def main() -> None:
-    """autonorm: generate, tune and run fast, exact CUDA kernels (LayerNorm forward first).
+    """autonorm: generate, tune and run fast, exact CUDA kernels (LayerNorm and RMSNorm).
 
     Start with `autonorm tune --hidden 16384` on a GPU, then `autonorm show` and
     `autonorm export`.
@@ -87,21 +67,6 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _problem_options(func: Any) -> Any:
-    func = click.option("--no-bias", is_flag=True, help="Problem without a bias.")(func)
-    func = click.option("--no-weight", is_flag=True, help="Problem without a weight.")(func)
-    func = click.option(
-        "--dtype", type=DTYPE, default="bfloat16", show_default=True,
-        help="dtype of the tensors: bf16, fp16 or fp32.",
-    )(func)
-    func = click.option("--hidden", type=click.IntRange(min=1), required=True,
-                        help="Hidden size (row length).")(func)
-    func = click.option(
-        "--op", type=OP, default=DEFAULT_OP, show_default=True, help="Kernel family.",
-    )(func)
-    return func
-
-
 @main.command()
 @tune_options
 @click.option("--trials", type=click.IntRange(min=1), default=40, show_default=True,
@@ -116,8 +81,9 @@ def _problem_options(func: Any) -> Any:
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes, one per local GPU, searching one shared study.")
 def tune(
-    no_weight: bool, no_bias: bool, configs: tuple[str, ...], budget: float | None, force: bool,
-    trials: int, timeout: float, seed: int, storage: str | None, workers: int, **lists: Any,
+    no_weight: bool, no_bias: bool, weight_offset: bool, residual: bool | None,
+    configs: tuple[str, ...], budget: float | None, force: bool, trials: int, timeout: float,
+    seed: int, storage: str | None, workers: int, **lists: Any,
 ) -> None:
     """Tune shapes on this GPU and store the winners.
 
@@ -128,8 +94,11 @@ def tune(
 
     A plan: comma lists (`--hidden 4096,5120 --dtype bf16,fp32`) or a model's `--config`
     tune each shape of their product in turn within --budget seconds, skipping those stored
-    (unless --force); re-running continues it. A table of the winners ends it.
+    (unless --force); re-running continues it. A table of the winners ends it. A model's
+    RMSNorm is planned twice, plain and after the residual add (`--residual` or `--no-residual`
+    keeps one form): inference engines fuse the add into every norm of a decoder but the first.
     """
+    flags = {"no_weight": no_weight, "no_bias": no_bias, "weight_offset": weight_offset}
     # --op, --hidden, --dtype, --rows: each given once or more, each time a comma list.
     flat = {name: tuple(v for group in given for v in group) for name, given in lists.items()}
     if not flat["hiddens"] and not configs:
@@ -141,21 +110,20 @@ def tune(
         from autonorm.cli_plan import run_plan
 
         try:
-            run_plan(**flat, configs=configs, no_weight=no_weight, no_bias=no_bias,
-                     default_op=DEFAULT_OP, default_rows=_default_rows, trials=trials,
-                     timeout=timeout, seed=seed, budget=budget, force=force, storage=storage,
-                     workers=workers)
+            run_plan(**flat, **flags, residual=residual, configs=configs, default_op=DEFAULT_OP,
+                     default_rows=_default_rows, trials=trials, timeout=timeout, seed=seed,
+                     budget=budget, force=force, storage=storage, workers=workers)
         finally:
             _forget_dispatched_kernels()
         return
     _tune_one((flat["ops"] or (DEFAULT_OP,))[0], flat["hiddens"][0],
-              (flat["dtypes"] or ("bfloat16",))[0], no_weight, no_bias,
+              (flat["dtypes"] or ("bfloat16",))[0], {**flags, "residual": bool(residual)},
               (flat["rows"] or (None,))[0], trials,
               timeout if budget is None else min(timeout, budget), seed, storage, workers)
 
 
 def _tune_one(
-    op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
+    op: str, hidden: int, dtype: str, flags: dict[str, bool], rows: int | None,
     trials: int, timeout: float, seed: int, storage: str | None, workers: int,
 ) -> None:
     """Tune one shape and print its winner (``autonorm tune --hidden N``)."""
@@ -163,7 +131,7 @@ def _tune_one(
     from autonorm.tune import session
     from autonorm.tune.search import TuneSettings
 
-    problem = _problem(op, hidden, dtype, no_weight, no_bias)
+    problem = build_problem(op, hidden, dtype, **flags)
     rows = rows or _default_rows(hidden)
     try:
         info = query_device()
@@ -261,7 +229,7 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@_problem_options
+@problem_options
 @click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
               help="Pick the winner tuned for this row count.")
 @click.option("--arch", type=ARCH, default=None, metavar="sm_XX",
@@ -269,8 +237,9 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
                    "the default kernel for it. Default: the GPU the winner was tuned on.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory to write the .cu, .h and .json into.")
-def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, rows: int | None,
-           arch: int | None, out_dir: Path) -> None:
+def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
+           weight_offset: bool, residual: bool, rows: int | None, arch: int | None,
+           out_dir: Path) -> None:
     """Write a tuned kernel as standalone CUDA with a host launcher.
 
     The winner comes from your tuning database, then the shipped one; without one, the
@@ -280,7 +249,8 @@ def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool, row
     from autonorm import export as export_mod
     from autonorm.cli_show import describe_export
 
-    problem = _problem(op, hidden, dtype, no_weight, no_bias)
+    problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
+                            weight_offset=weight_offset, residual=residual)
     try:
         paths = export_mod.export_tuned(problem, out_dir, rows=rows, arch=arch)
     except ConfigError as exc:
@@ -306,7 +276,7 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
 
 
 @main.command()
-@_problem_options
+@problem_options
 @click.option("--config", "config_json", default=None, metavar="JSON",
               help='Configuration fields as JSON, e.g. \'{"threads": 128}\' (any op).')
 @click.option("--threads", type=_int_choice(THREADS), default=None, help="threads per block")
@@ -329,19 +299,22 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
 @click.option("--keep-x/--no-keep-x", default=None,
               help="hint x's loads to stay in L2 (evict_last)")
 def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
-           config_json: str | None, **fields: Any) -> None:
+           weight_offset: bool, residual: bool, config_json: str | None, **fields: Any) -> None:
     """Print the CUDA source of one configuration.
 
     Fields not given come from the family's default configuration. The field options
-    (--threads ... --keep-x) are LayerNorm's; --config takes the fields of any op as JSON.
+    (--threads ... --keep-x) are those of LayerNorm's kernels, which rms_norm runs too;
+    --config takes the fields of any op as JSON.
     """
     from autonorm.runtime.limits import H200
 
-    problem = _problem(op, hidden, dtype, no_weight, no_bias)
+    problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
+                            weight_offset=weight_offset, residual=residual)
     family = registry.get(op)
     chosen = {k: (v if k in ("cache", "stats", "keep_x") else int(v))
               for k, v in fields.items() if v is not None}
-    if chosen and op != DEFAULT_OP:
+    runs_ln_kernels = getattr(family, "config_type", None) is KernelConfig
+    if chosen and not runs_ln_kernels:
         raise click.UsageError(f"--{next(iter(chosen)).replace('_', '-')} is a {DEFAULT_OP} "
                                f"field; give the fields of {op} with --config")
     chosen.update(_parse_config(config_json))
@@ -353,7 +326,7 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
                                      param_hint="--config")
         for name, value in chosen.items():
             _check_field_type(name, value, base[name])
-        if op == DEFAULT_OP and chosen.get("cache") == "bulk":
+        if runs_ln_kernels and chosen.get("cache") == "bulk":
             # The bulk-copy kernel fixes its statistics and grid; it needs stages.
             base.update(BULK_FIXED, stages=2)
         config = family.config_from_dict({**base, **chosen})

@@ -98,7 +98,8 @@ def tune_options(func: Any) -> Any:
     """The shape and plan options of ``autonorm tune`` (each shape option takes a list)."""
     options = [
         click.option("--op", "ops", type=ListParam(OP), multiple=True,
-                     help="Kernel families (default: layer_norm, or the config's norm)."),
+                     help="Kernel families, e.g. layer_norm,rms_norm (default: layer_norm, or "
+                          "the config's norm)."),
         click.option("--hidden", "hiddens", type=ListParam(click.IntRange(min=1)),
                      multiple=True, metavar="N[,N...]",
                      help="Hidden sizes (row lengths), e.g. 4096,5120."),
@@ -106,7 +107,13 @@ def tune_options(func: Any) -> Any:
                      metavar="DTYPE[,DTYPE...]",
                      help="dtypes: bf16, fp16, fp32 (default: the config's, else bf16)."),
         click.option("--no-weight", is_flag=True, help="Problems without a weight."),
-        click.option("--no-bias", is_flag=True, help="Problems without a bias."),
+        click.option("--no-bias", is_flag=True, help="Problems without a bias (layer_norm)."),
+        click.option("--weight-offset", is_flag=True,
+                     help="Problems scaled by 1 + weight, Gemma's RMSNorm (rms_norm; a Gemma "
+                          "config sets it)."),
+        click.option("--residual/--no-residual", default=None,
+                     help="Problems that add a residual first and normalize the sum (rms_norm), "
+                          "or without it. Default: without, but a model's config plans both."),
         click.option("--rows", "rows", type=ListParam(click.IntRange(1, MAX_ROWS)),
                      multiple=True, metavar="N[,N...]",
                      help="Rows to tune for (each power-of-two bucket keys a winner). "

@@ -184,43 +184,36 @@ def print_summary(results: Sequence[PlanResult]) -> None:
 
 def _problems(shapes: Sequence[Shape]) -> list[Problem]:
     """Build every shape's problem before any is tuned: a bad one ends the command now."""
+    from autonorm.cli_problem import flag_fields
+
     problems = []
     for shape in shapes:
+        # A flag the op's problem has no field for is named as the option it came from.
+        flag_fields(shape.op, no_weight=not shape.has_weight, no_bias=not shape.has_bias,
+                    weight_offset=shape.weight_offset, residual=shape.residual)
         try:
             problems.append(plan.problem_of(shape))
         except TypeError:
-            raise click.UsageError(f"op {shape.op} takes no --no-weight or --no-bias") from None
+            raise click.UsageError(
+                f"op {shape.op} takes no --no-weight, --no-bias, --weight-offset or --residual"
+            ) from None
         except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(f"{shape.describe()}: {exc}") from None
     return problems
-
-
-def _supported(shapes: list[Shape], norms: Sequence[plan.ModelNorm]) -> list[Shape]:
-    """Leave out, with a warning, the shapes of a norm no family tunes yet (RMSNorm)."""
-    known = set(registry.known())
-    tunes = f"autonorm tunes {', '.join(sorted(known))}"
-    kept = [s for s in shapes if s.op in known]
-    for op in sorted({s.op for s in shapes} - known):
-        where = ", ".join(sorted({n.where for n in norms if n.op == op}))
-        if not kept:
-            raise click.ClickException(
-                f"--config: {where}: {op} is not yet supported ({tunes}): nothing to tune")
-        _say(f"warning: {where}: {op} is not yet supported ({tunes}): its shapes are left out")
-    return kept
 
 
 def run_plan(
     *, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str], rows: Sequence[int],
-    configs: Sequence[str], no_weight: bool, no_bias: bool, default_op: str,
-    default_rows: Any, trials: int, timeout: float, seed: int, budget: float | None,
-    force: bool, storage: str | None, workers: int,
+    configs: Sequence[str], no_weight: bool, no_bias: bool, weight_offset: bool,
+    residual: bool | None, default_op: str, default_rows: Any, trials: int, timeout: float,
+    seed: int, budget: float | None, force: bool, storage: str | None, workers: int,
 ) -> None:
     """Run ``autonorm tune`` with several shapes or a model's config: plan, tune, summarize.
 
     Raises:
         click.UsageError: a config or option the plan cannot use (one line naming it).
-        click.ClickException: no GPU, a shape no kernel runs, a norm not yet supported, or
-            shapes that failed (after the summary table).
+        click.ClickException: no GPU, a shape no kernel runs, or shapes that failed (after
+            the summary table).
 
     """
     from autonorm.cli_messages import INTERRUPTED, fail
@@ -232,10 +225,10 @@ def run_plan(
         norms = [n for path in configs for n in plan.read_model_config(path, op=op)]
         shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
                              default_rows=default_rows, norms=norms, has_weight=not no_weight,
-                             has_bias=not no_bias, default_op=default_op)
+                             has_bias=not no_bias, weight_offset=weight_offset,
+                             residual=residual, default_op=default_op)
     except plan.PlanError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
-    shapes = _supported(shapes, norms)
     problems = _problems(shapes)
     try:
         device = query_device()
@@ -248,8 +241,12 @@ def run_plan(
             raise click.ClickException(f"{shape.describe()}: {exc}") from None
     for norm in norms:
         eps = "eps unknown" if norm.eps is None else f"eps {norm.eps:g}"
-        _say(f"{norm.where}: {norm.op} over hidden {norm.hidden}, {eps}, "
-             f"dtype {norm.dtype or 'not given'}")
+        scale = ", 1 + weight" if norm.weight_offset else ""
+        forms = ""
+        if residual is None and any(plan.has_residual_add(o) for o in ops or [norm.op]):
+            forms = "; planned plain and after the residual add"
+        _say(f"{norm.where}: {norm.op} over hidden {norm.hidden}{scale}, {eps}, "
+             f"dtype {norm.dtype or 'not given'}{forms}")
     results: list[PlanResult] = []
     try:
         settings = TuneSettings(n_trials=trials, timeout_s=timeout, seed=seed)

@@ -84,7 +84,7 @@ BAD_OPTIONS = [
     (["tune", *FIXED, "--seed", "-1"], "'--seed': -1 is not in the range"),
     (["tune", *FIXED, "--seed", HUGE], "'--seed'"),
     (["tune", *FIXED, "--dtype", "int8"], "unsupported dtype 'int8'"),
-    (["tune", *FIXED, "--op", "rms_norm"], "'rms_norm' is not a known op"),
+    (["tune", *FIXED, "--op", "group_norm"], "'group_norm' is not a known op"),
     (["tune", "--hidden", HUGE], "unsupported hidden size"),
     (["tune"], "Missing option '--hidden'"),
     (["show", "--op", "nope"], "'nope' is not a known op"),

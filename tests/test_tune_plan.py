@@ -74,6 +74,83 @@ def test_t5_is_rmsnorm_whatever_its_eps_key_says():
     assert (norm.op, norm.hidden, norm.eps) == ("rms_norm", 512, 1e-06)
 
 
+# Gemma's norms scale by 1 + weight; Gemma 3's config nests its text model and a SigLIP tower.
+GEMMA = {"model_type": "gemma", "hidden_size": 3072, "rms_norm_eps": 1e-06,
+         "torch_dtype": "bfloat16"}
+GEMMA3 = {"model_type": "gemma3", "torch_dtype": "bfloat16",
+          "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+                          "rms_norm_eps": 1e-06},
+          "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152,
+                            "layer_norm_eps": 1e-06}}
+
+
+def test_a_gemma_config_gives_an_rmsnorm_scaled_by_one_plus_its_weight():
+    [norm] = plan.norms_of_config(GEMMA, "gemma.json")
+    assert (norm.op, norm.hidden, norm.eps, norm.weight_offset) == (
+        "rms_norm", 3072, 1e-06, True)
+    text, vision = plan.norms_of_config(GEMMA3, "gemma3.json")
+    assert (text.op, text.hidden, text.weight_offset) == ("rms_norm", 2560, True)
+    assert (vision.op, vision.hidden, vision.weight_offset) == ("layer_norm", 1152, False)
+    # Llama's RMSNorm scales by the weight itself; LayerNorm, asked for, has no offset.
+    assert not plan.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")[0].weight_offset
+    assert not plan.norms_of_config(GEMMA, "gemma.json", op="layer_norm")[0].weight_offset
+
+
+def test_a_plan_carries_the_weight_offset_into_its_shapes_and_problems():
+    norms = plan.norms_of_config(GEMMA3, "gemma3.json")
+    shapes = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[64], default_rows=_rows_1024,
+                         norms=norms)
+    # The RMSNorm comes plain and after the residual add; LayerNorm has no residual add.
+    assert shapes == [Shape("layer_norm", 1152, "bfloat16", 64),
+                      Shape("rms_norm", 2560, "bfloat16", 64, weight_offset=True),
+                      Shape("rms_norm", 2560, "bfloat16", 64, weight_offset=True,
+                            residual=True)]
+    assert shapes[1].describe() == "rms_norm bf16 hidden 2560 rows 64 1 + weight"
+    problem = plan.problem_of(shapes[1])
+    assert (problem.op, problem.hidden, problem.weight_offset) == ("rms_norm", 2560, True)
+    assert not problem.residual and plan.problem_of(shapes[2]).residual
+    # Without a weight there is nothing to offset: a Gemma norm tuned so is a plain one.
+    bare = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[64], default_rows=_rows_1024,
+                       norms=norms[:1], has_weight=False)
+    assert [(s.has_weight, s.weight_offset, s.residual) for s in bare] == [
+        (False, False, False), (False, False, True)]
+    # --weight-offset sets it on every shape; it keys another winner than the plain shape.
+    plain, offset = (plan.expand(ops=["rms_norm"], hiddens=[4096], dtypes=[], rows=[64],
+                                 default_rows=_rows_1024, weight_offset=on)[0]
+                     for on in (False, True))
+    assert offset.weight_offset and plain.identity != offset.identity
+    assert plan.order([offset, plain]) == [plain, offset]
+
+
+def test_a_model_norm_is_planned_plain_and_after_the_residual_add_where_its_op_has_one():
+    llama = plan.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")
+    bert = plan.norms_of_config(CONFIGS["BERT base"], "bert.json")
+    assert plan.has_residual_add("rms_norm") and not plan.has_residual_add("layer_norm")
+    assert not plan.has_residual_add("no_such_op")
+
+    def forms(**options):
+        return [(s.op, s.hidden, s.residual) for s in plan.expand(
+            ops=options.pop("ops", []), hiddens=options.pop("hiddens", []), dtypes=[],
+            rows=[64], default_rows=_rows_1024, **options)]
+
+    assert forms(norms=llama + bert) == [("layer_norm", 768, False), ("rms_norm", 4096, False),
+                                         ("rms_norm", 4096, True)]
+    # --residual and --no-residual keep one form of every shape.
+    assert forms(norms=llama, residual=True) == [("rms_norm", 4096, True)]
+    assert forms(norms=llama, residual=False) == [("rms_norm", 4096, False)]
+    # Shapes given on the command line are plain unless --residual says otherwise.
+    assert forms(ops=["rms_norm"], hiddens=[8192]) == [("rms_norm", 8192, False)]
+    assert forms(ops=["rms_norm"], hiddens=[8192], residual=True) == [("rms_norm", 8192, True)]
+    # --op replaces the config's norm: LayerNorm over Llama's width has no residual form.
+    assert forms(norms=plan.norms_of_config(CONFIGS["Llama 3 8B"], "l.json", op="layer_norm")
+                 ) == [("layer_norm", 4096, False)]
+    plain, added = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[64],
+                               default_rows=_rows_1024, norms=llama)
+    assert plain.identity != added.identity and plan.order([added, plain]) == [plain, added]
+    assert added.describe() == "rms_norm bf16 hidden 4096 rows 64 residual add"
+    assert plan.problem_of(added) == plan.problem_of(plain).__class__(4096, residual=True)
+
+
 def test_an_op_given_replaces_a_norm_the_config_cannot_tell():
     config = {"model_type": "mystery", "hidden_size": 2048}
     with pytest.raises(PlanError, match="cannot tell its norm") as caught:
@@ -227,7 +304,7 @@ def test_a_plan_tunes_each_shape_stores_its_winner_and_resumes(env, tmp_path):
     assert len(env) == 3 and all(r.endswith("  tuned") for r in _table(out).values())
 
 
-def test_a_model_config_is_tuned_and_an_rmsnorm_one_is_not_yet(env, tmp_path):
+def test_model_configs_are_tuned_each_with_the_norm_it_names(env, tmp_path):
     gpt2, llama = tmp_path / "gpt2.json", tmp_path / "llama.json"
     gpt2.write_text(json.dumps(CONFIGS["GPT-2 XL"]))
     llama.write_text(json.dumps(CONFIGS["Llama 3 8B"]))
@@ -235,9 +312,22 @@ def test_a_model_config_is_tuned_and_an_rmsnorm_one_is_not_yet(env, tmp_path):
                                "--rows", "64", "--trials", "3", "--budget", "600"])
     assert status == 0, err
     assert f"{gpt2}: layer_norm over hidden 1600, eps 1e-05, dtype not given" in err
-    assert f"warning: {llama}: rms_norm is not yet supported" in err
-    assert list(_table(out)) == ["layer_norm bf16 hidden 1600 rows 64"]
-    assert env == [(1600, "bfloat16", 64)]
+    assert (f"{llama}: rms_norm over hidden 4096, eps 1e-05, dtype bfloat16; planned plain "
+            "and after the residual add") in err
+    assert "not yet supported" not in err
+    assert list(_table(out)) == ["layer_norm bf16 hidden 1600 rows 64",
+                                 "rms_norm bf16 hidden 4096 rows 64",
+                                 "rms_norm bf16 hidden 4096 rows 64 residual add"]
+    assert all(row.endswith("  tuned") for row in _table(out).values())
+    assert sorted(env) == [(1600, "bfloat16", 64), (4096, "bfloat16", 64),
+                           (4096, "bfloat16", 64)]
+    with TuningDB(tmp_path / "user.db") as store:
+        winners = store.winners(None, None)
+    ops = {w.key.op: w.key.fields for w in winners}
+    assert set(ops) == {"layer_norm", "rms_norm"}
+    assert ops["rms_norm"]["weight_offset"] is False and "has_bias" not in ops["rms_norm"]
+    assert sorted(w.key.fields["residual"] for w in winners if w.key.op == "rms_norm") == [
+        False, True]
 
 
 def test_a_spent_budget_tunes_nothing_and_leaves_the_plan_to_a_rerun(env):
@@ -265,14 +355,23 @@ BAD_PLANS = [
     (["--hidden", "4096,"], "'--hidden': '' is not a valid integer"),
     (["--hidden", "1024", "--dtype", "bf16,int8"], "unsupported dtype 'int8'"),
     (["--hidden", "1024", "--rows", "64,0"], "'--rows': 0 is not in the range"),
-    (["--hidden", "1024", "--op", "layer_norm,rms_norm"], "'rms_norm' is not a known op"),
+    (["--hidden", "1024", "--op", "layer_norm,group_norm"], "'group_norm' is not a known op"),
     (["--hidden", "1024,2048", "--budget", "0"], "'--budget': 0.0 is not in the range x>0"),
     (["--hidden", "1024,2048", "--budget", "nan"], "'--budget': nan is not a number"),
     (["--hidden", "1024," + "9" * 12], "unsupported hidden size"),
     (["--config", "{tmp}/missing.json"], "--config"),
     (["--config", "{tmp}/bad.json"], "not JSON"),
     (["--config", "{tmp}/nohidden.json"], "no hidden size"),
-    (["--config", "{tmp}/llama.json"], "rms_norm is not yet supported"),
+    (["--config", "{tmp}/llama.json", "--no-bias"], "op rms_norm takes no --no-bias"),
+    (["--config", "{tmp}/llama.json", "--op", "layer_norm", "--weight-offset"],
+     "op layer_norm takes no --weight-offset"),
+    (["--hidden", "1024", "--op", "rms_norm", "--no-weight", "--weight-offset"],
+     "--weight-offset scales by 1 + weight: it cannot go with --no-weight"),
+    (["--hidden", "1024,2048", "--residual"],
+     "op layer_norm takes no --residual: its problem has no residual add (ops with one: "
+     "rms_norm)"),
+    (["--config", "{tmp}/llama.json", "--op", "layer_norm", "--residual"],
+     "op layer_norm takes no --residual"),
     ([], "Missing option '--hidden'. Or give a model's --config"),
 ]
 

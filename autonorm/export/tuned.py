@@ -81,7 +81,8 @@ def export_from_db(
         device_fingerprint: the GPU to export for (see :func:`find_tuned`).
         arch: the compute capability of the kind of GPU to export for (e.g. 80).
         basename: file stem (default :func:`autonorm.export.files.default_basename`).
-        **fields: the family's other problem fields (LayerNorm: ``has_weight``, ``has_bias``).
+        **fields: the family's other problem fields (LayerNorm: ``has_weight``, ``has_bias``;
+            RMSNorm: ``has_weight``, ``weight_offset``, ``residual``).
 
     Returns:
         The paths written, the manifest last.
@@ -267,16 +268,20 @@ def _default(
     choice: lookup.Choice, problem: Problem, fingerprint: str | None, limits: DeviceLimits,
     stale: int, arch: int | None = None,
 ) -> TunedChoice:
-    """Return the default configuration, with a warning note saying nothing was tuned."""
+    """Return the default configuration, with a warning note saying nothing was tuned.
+
+    The note names the op: a problem's description alone does not tell RMSNorm from LayerNorm.
+    """
     version = registry.family_of(problem).code_version()
+    op = type(problem).op
     where = f"on device {fingerprint}" if fingerprint else "on any device"
     if arch is not None:
         where = f"on any {arches.arch_name(arch)} device"
     notes = [(
         "warning",
-        f"nothing is tuned for {problem.describe()} {where} with autonorm {version} (user and "
-        "shipped databases): exported the untuned default configuration; run `autonorm tune` "
-        "on the target GPU for a faster kernel",
+        f"nothing is tuned for {problem.describe()}, op {op}, {where} with autonorm {version} "
+        "(user and shipped databases): exported the untuned default configuration; run "
+        f"`autonorm tune --op {op}` on the target GPU for a faster kernel",
     )]
     if arch is not None:
         notes.append(("info", f"rendered for the limits of an {limits.name} "

@@ -6,11 +6,18 @@ and sorted. The command tunes the shapes one after another, splitting a total ti
 across the shapes still to tune, and skips shapes whose exact rows bucket already holds a usable
 winner, so re-running a plan continues where it stopped (docs/tuning.md, "Tuning a model").
 
+A model's norm of an op with the fused residual add (RMSNorm) is planned in both forms, plain and
+after the add: every norm of a transformer but its first normalizes a residual sum, which
+inference engines (vLLM's and flashinfer's ``fused_add_rms_norm``, ``autonorm.add_rms_norm``)
+fuse into the norm's kernel, while a model's own modules run the plain norm. It doubles the
+shapes of such a model, each still searched within ``--timeout`` (and ``--budget``).
+
 Pure logic: no GPU, no Optuna.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +47,9 @@ RMS_MODEL_TYPES = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
     "gemma2", "gemma3", "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "t5", "mt5",
 })
+
+# RMSNorm models that scale by 1 + weight (Gemma's form: the weight stored as its offset from one).
+OFFSET_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 
 # LayerNorm models whose config.json holds no eps: the eps their code builds the norm with
 # (tuning_db/models.json's eps_from).
@@ -76,6 +86,7 @@ class ModelNorm:
         dtype: the config's torch_dtype, canonical; None when it names none.
         eps: the norm's eps; None when neither the config nor its model type says it.
         where: the config (and nested config) it was read from.
+        weight_offset: the norm scales by 1 + weight (Gemma's RMSNorm).
 
     """
 
@@ -84,6 +95,7 @@ class ModelNorm:
     dtype: str | None
     eps: float | None
     where: str
+    weight_offset: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,24 +108,33 @@ class Shape:
     rows: int
     has_weight: bool = True
     has_bias: bool = True
+    weight_offset: bool = False
+    residual: bool = False
 
     @property
     def identity(self) -> tuple[Any, ...]:
         """What keys its winner: shapes of one rows bucket share it."""
         return (self.op, self.hidden, self.dtype, rows_bucket(self.rows), self.has_weight,
-                self.has_bias)
+                self.has_bias, self.weight_offset, self.residual)
 
     def describe(self) -> str:
-        """Return e.g. ``layer_norm bf16 hidden 4096 rows 16384`` (flags only when off)."""
+        """Return e.g. ``layer_norm bf16 hidden 4096 rows 16384`` (flags only when not default).
+
+        A shape without a weight or bias says ``no weight``, ``no bias``; one that scales by
+        1 + weight says ``1 + weight``; one that adds a residual first says ``residual add``.
+        """
         flags = "".join(f" no {name}" for name, on in (("weight", self.has_weight),
                                                       ("bias", self.has_bias)) if not on)
+        flags += " 1 + weight" if self.weight_offset else ""
+        flags += " residual add" if self.residual else ""
         return (f"{self.op} {SHORT_DTYPES.get(self.dtype, self.dtype)} hidden {self.hidden} "
                 f"rows {self.rows}{flags}")
 
 
 def _sort_key(shape: Shape) -> tuple[Any, ...]:
     return (shape.op, shape.hidden, _DTYPE_ORDER.get(shape.dtype, len(_DTYPE_ORDER)),
-            rows_bucket(shape.rows), not shape.has_weight, not shape.has_bias)
+            rows_bucket(shape.rows), not shape.has_weight, not shape.has_bias,
+            shape.weight_offset, shape.residual)
 
 
 def order(shapes: Iterable[Shape]) -> list[Shape]:
@@ -138,6 +159,8 @@ def expand(
     norms: Sequence[ModelNorm] = (),
     has_weight: bool = True,
     has_bias: bool = True,
+    weight_offset: bool = False,
+    residual: bool | None = None,
     default_op: str = "layer_norm",
     default_dtype: str = "bfloat16",
 ) -> list[Shape]:
@@ -156,6 +179,11 @@ def expand(
         norms: the norms of the model configs given.
         has_weight: every shape has a weight.
         has_bias: every shape has a bias.
+        weight_offset: every shape scales by 1 + weight (``--weight-offset``); without it, the
+            shapes of a norm that does (a Gemma config's) still do, unless they have no weight.
+        residual: every shape adds a residual first (True) or none does (False); None: the
+            shapes of a norm whose op has the residual add (:func:`has_residual_add`) come in
+            both forms, the others plain.
         default_op: the op when neither ``ops`` nor a norm names one.
         default_dtype: the dtype when neither ``dtypes`` nor a norm names one.
 
@@ -163,18 +191,36 @@ def expand(
         PlanError: no hidden size (neither ``hiddens`` nor ``norms``).
 
     """
-    sources = [(ops or [n.op], hiddens or [n.hidden], dtypes or [n.dtype or default_dtype])
-               for n in norms]
+    sources = [(ops or [n.op], hiddens or [n.hidden], dtypes or [n.dtype or default_dtype],
+                weight_offset or (n.weight_offset and has_weight)) for n in norms]
     if not norms:
         if not hiddens:
             raise PlanError("--hidden", "give a hidden size (or a model's --config)")
-        sources = [(ops or [default_op], hiddens, dtypes or [default_dtype])]
+        sources = [(ops or [default_op], hiddens, dtypes or [default_dtype], weight_offset)]
     shapes = []
-    for op_list, hidden_list, dtype_list in sources:
+    for op_list, hidden_list, dtype_list, offset in sources:
         for op, hidden, dtype in product(op_list, hidden_list, dtype_list):
-            for count in rows or [default_rows(hidden)]:
-                shapes.append(Shape(op, hidden, dtype, count, has_weight, has_bias))
+            if residual is not None:
+                forms = [residual]
+            else:  # a model's norm of an op with the add: plain and fused (module docstring)
+                forms = [False, True] if norms and has_residual_add(op) else [False]
+            for count, added in product(rows or [default_rows(hidden)], forms):
+                shapes.append(Shape(op, hidden, dtype, count, has_weight, has_bias, offset,
+                                    added))
     return order(shapes)
+
+
+def has_residual_add(op: str) -> bool:
+    """Whether ``op``'s problem has the fused residual add (a ``residual`` field).
+
+    False for an op that is not registered: the plan names it when its problem is built.
+    """
+    try:
+        problem_type = getattr(family_named(op), "problem_type", None)
+    except KeyError:
+        return False
+    return (problem_type is not None and dataclasses.is_dataclass(problem_type)
+            and any(f.name == "residual" for f in dataclasses.fields(problem_type)))
 
 
 def _dtype_of(config: dict[str, Any], where: str) -> str | None:
@@ -254,7 +300,9 @@ def norms_of_config(config: Any, name: str, *, op: str | None = None) -> list[Mo
                 if op is None:
                     raise
                 norm, eps = op, None  # --op names the norm the config does not tell
-            found.append(ModelNorm(op or norm, hidden, dtype, eps, where))
+            norm = op or norm
+            offset = norm == "rms_norm" and model_type in OFFSET_MODEL_TYPES
+            found.append(ModelNorm(norm, hidden, dtype, eps, where, offset))
         for key, value in node.items():
             if isinstance(value, dict) and (key.endswith("_config") or key in SUB_CONFIG_KEYS):
                 visit(value, f"{where}:{key}", dtype, model_type)
@@ -285,12 +333,12 @@ def read_model_config(path: str | Path, *, op: str | None = None) -> list[ModelN
 
 
 def problem_of(shape: Shape) -> Problem:
-    """Build the problem of a shape through its family (the flags only when off).
+    """Build the problem of a shape through its family (the flags only when not default).
 
     Raises:
         KeyError: the op is not registered.
-        TypeError: the family's problem has no weight or bias flag.
-        ValueError: the family refuses the hidden size or dtype.
+        TypeError: the family's problem has no weight, bias, weight offset or residual flag.
+        ValueError: the family refuses the hidden size, dtype or flags.
 
     """
     fields: dict[str, Any] = {"hidden": shape.hidden, "dtype": shape.dtype}
@@ -298,6 +346,10 @@ def problem_of(shape: Shape) -> Problem:
         fields["has_weight"] = False
     if not shape.has_bias:
         fields["has_bias"] = False
+    if shape.weight_offset:
+        fields["weight_offset"] = True
+    if shape.residual:
+        fields["residual"] = True
     return family_named(shape.op).problem(**fields)
 
 

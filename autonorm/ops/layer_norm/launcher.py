@@ -1,13 +1,17 @@
-"""The host launcher of an exported LayerNorm kernel: the ``.cu`` and ``.h`` that export writes.
+"""The host launcher of an exported row-norm kernel: the ``.cu`` and ``.h`` that export writes.
 
-The ``.cu`` holds the rendered kernel source verbatim, then a host launcher
-``cudaError_t <basename>_forward(x, [weight,] [bias,] y, rows, eps, stream)`` with the launch
-plan baked in (threads, dynamic shared memory, the grid rule of
+It serves every problem that runs LayerNorm's kernels (LayerNorm, RMSNorm and RMSNorm after a
+residual add). The ``.cu`` holds the rendered kernel source verbatim, then a host launcher
+``cudaError_t <basename>_forward(x, [weight,] [bias,] y, rows, eps, stream)``, or with the
+residual add ``<basename>_forward(x, residual, [weight,] y, h, rows, eps, stream)``, with the
+launch plan baked in (threads, dynamic shared memory, the grid rule of
 :meth:`autonorm.codegen.kernel.LaunchPlan.grid`). For a resident plan (the bulk-copy kernel)
 the launcher asks the CUDA occupancy API, once per device, how many clusters fit at once, as
 the runtime does in process. It needs only the CUDA runtime: no Python, CuPy or autonorm at run
 time. The weight and bias parameters exist only when the problem has them, so a call cannot
-pass a tensor that the kernel would silently ignore.
+pass a tensor that the kernel would silently ignore. The header says what the kernel computes:
+LayerNorm's formula, or RMSNorm's with Gemma's ``1 + weight`` and the residual add where the
+problem has them.
 
 The family's export hooks (:mod:`autonorm.ops.layer_norm.family`) call these functions; the
 generic part of an export (the kernel, the manifest, writing files) is :mod:`autonorm.export`'s.
@@ -94,14 +98,30 @@ def launcher_files(kernel: RenderedKernel, basename: str) -> dict[str, str]:
 
 
 def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
-    """Return the manifest entries that describe the launcher: its functions, files and plan."""
+    """Return the manifest entries that describe the launcher: its functions, files and plan.
+
+    An RMSNorm export lists its launchers' parameters too (``parameters`` and
+    ``parameters_with_workspace``, name and C type each, in order), from the list the templates
+    declare them by: with the residual add they are not LayerNorm's. A LayerNorm manifest keeps
+    the entries it has always had, so LayerNorm exports stay byte for byte what they were.
+    """
     plan = kernel.launch
     # Thread-block clusters and the bulk-copy engine (cp.async.bulk, mbarrier transactions)
     # exist from compute capability 9.0 on.
     min_cc = 90 if plan.cluster > 1 or plan.resident else None
+    parameters: dict[str, Any] = {}
+    if _norm(kernel.problem) != "layer":
+        listed = launcher_parameters(kernel.problem)
+        parameters = {
+            "parameters": [{"name": n, "type": t} for t, n in listed],
+            "parameters_with_workspace": [
+                {"name": n, "type": t}
+                for t, n in (*listed[:-1], ("unsigned int*", "workspace"), listed[-1])],
+        }
     return {
         "function": f"{basename}_forward",
         "function_with_workspace": f"{basename}_forward_ws",
+        **parameters,
         "workspace_bytes": _workspace_bytes(kernel.config),
         "files": {"source": f"{basename}.cu", "header": f"{basename}.h"},
         "launch": {
@@ -112,6 +132,56 @@ def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     }
 
 
+def _norm(problem: Problem) -> str:
+    """The problem's statistic: ``layer`` (mean and variance) or ``rms`` (mean of squares)."""
+    return getattr(problem, "norm", "layer")
+
+
+def _pointers(problem: Problem) -> tuple[list[str], list[str]]:
+    """The launcher's pointer parameters after x: the inputs (read), then the outputs."""
+    residual = getattr(problem, "residual", False)
+    inputs = ["residual"] * residual + ["weight"] * problem.has_weight + ["bias"] * problem.has_bias
+    return inputs, ["y"] + ["h"] * residual
+
+
+def launcher_parameters(problem: Problem) -> list[tuple[str, str]]:
+    """Return ``<basename>_forward``'s parameters as (C type, name) pairs, in order.
+
+    ``<basename>_forward_ws`` takes ``unsigned int* workspace`` before ``stream``.
+    """
+    ctype = _CTYPES[problem.dtype]
+    inputs, outputs = _pointers(problem)
+    return [(f"const {ctype}*", "x"), *((f"const {ctype}*", n) for n in inputs),
+            *((f"{ctype}*", n) for n in outputs), ("int", "rows"), ("float", "eps"),
+            ("cudaStream_t", "stream")]
+
+
+def _kernel_args(problem: Problem) -> list[str]:
+    """The kernel's arguments before its workspace, in the order of the family's launch ABI.
+
+    x, (residual,) weight, bias, y, (h,) rows, eps: an absent weight or bias is a null pointer.
+    """
+    residual = getattr(problem, "residual", False)
+    return (["x"] + ["residual"] * residual
+            + ["weight" if problem.has_weight else "nullptr",
+               "bias" if problem.has_bias else "nullptr", "y"]
+            + ["h"] * residual + ["rows", "eps"])
+
+
+def _title(problem: Problem) -> str:
+    """What the export computes, in words (the first line of each file)."""
+    if _norm(problem) == "layer":
+        return "LayerNorm forward"
+    return "residual add + RMSNorm forward" if problem.residual else "RMSNorm forward"
+
+
+def _scale(problem: Problem) -> str:
+    """The factor RMSNorm's formula ends with in the header: `` * weight`` and its forms."""
+    if not problem.has_weight:
+        return ""
+    return " * (1 + weight)" if getattr(problem, "weight_offset", False) else " * weight"
+
+
 def _workspace_bytes(config: KernelConfig) -> int:
     """The bulk-copy kernel's tile counter (autonorm.runtime.workspace); others take none."""
     return workspace.COUNTER_BYTES if config.cache == "bulk" else 0
@@ -119,8 +189,18 @@ def _workspace_bytes(config: KernelConfig) -> int:
 
 def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     config, problem, plan = kernel.config, kernel.problem, kernel.launch
+    inputs, outputs = _pointers(problem)
     return {
         "basename": basename,
+        "title": _title(problem),
+        "rms": _norm(problem) == "rms",
+        "weight_offset": getattr(problem, "weight_offset", False),
+        "residual": getattr(problem, "residual", False),
+        "scale": _scale(problem),
+        "inputs": inputs,
+        "outputs": outputs,
+        "tensors": ["x", *inputs, *outputs],
+        "kernel_args": _kernel_args(problem),
         "guard": f"{basename.upper()}_H_",
         "macro": basename.upper(),
         "version": code_version(),

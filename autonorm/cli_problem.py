@@ -1,0 +1,121 @@
+"""How the command line builds a kernel family's problem from the shape options.
+
+``--hidden`` and ``--dtype`` belong to every family; the flags (``--no-weight``, ``--no-bias``,
+``--weight-offset``, ``--residual``) each set one field of a problem, and a family whose problem
+lacks that field refuses the flag in one line that says so (RMSNorm has no bias, LayerNorm no
+weight offset and no residual add) rather than failing inside the problem's constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from autonorm.cli_params import DTYPE, OP
+from autonorm.ops import registry
+from autonorm.ops.base import Problem
+
+# The kernel family the commands work on unless --op names another.
+DEFAULT_OP = "layer_norm"
+
+# Each flag: the problem field it sets, the value it sets it to, and what the field is in words.
+FLAGS: dict[str, tuple[str, bool, str]] = {
+    "--no-weight": ("has_weight", False, "weight"),
+    "--no-bias": ("has_bias", False, "bias"),
+    "--weight-offset": ("weight_offset", True, "weight offset (1 + weight)"),
+    "--residual": ("residual", True, "residual add"),
+}
+
+
+def problem_fields(op: str) -> frozenset[str] | None:
+    """Return the field names of ``op``'s problem, or None where the family does not say."""
+    problem_type = getattr(registry.get(op), "problem_type", None)
+    if problem_type is None or not dataclasses.is_dataclass(problem_type):
+        return None
+    return frozenset(f.name for f in dataclasses.fields(problem_type))
+
+
+def _refusal(op: str, flag: str) -> str:
+    """Say that ``op`` takes no ``flag``, and which ops do where the registry tells."""
+    field, _, words = FLAGS[flag]
+    others = [name for name in registry.known()
+              if name != op and field in (problem_fields(name) or ())]
+    with_it = f" (ops with one: {', '.join(others)})" if others else ""
+    return f"op {op} takes no {flag}: its problem has no {words}{with_it}"
+
+
+def flag_fields(op: str, *, no_weight: bool = False, no_bias: bool = False,
+                weight_offset: bool = False, residual: bool = False) -> dict[str, bool]:
+    """Return the problem fields the flags given set, each checked against ``op``'s problem.
+
+    Raises:
+        click.UsageError: ``op``'s problem has no field for a flag given, or flags that
+            contradict each other (one line).
+
+    """
+    if no_weight and weight_offset:
+        raise click.UsageError("--weight-offset scales by 1 + weight: it cannot go with "
+                               "--no-weight")
+    given = {"--no-weight": no_weight, "--no-bias": no_bias, "--weight-offset": weight_offset,
+             "--residual": residual}
+    known = problem_fields(op)
+    fields: dict[str, bool] = {}
+    for flag, on in given.items():
+        if not on:
+            continue  # passed only when set: a family without the field still parses
+        field, value, _ = FLAGS[flag]
+        if known is not None and field not in known:
+            raise click.UsageError(_refusal(op, flag))
+        fields[field] = value
+    return fields
+
+
+def build_problem(op: str, hidden: int, dtype: str, *, no_weight: bool = False,
+                  no_bias: bool = False, weight_offset: bool = False,
+                  residual: bool = False) -> Problem:
+    """Build the problem of ``op`` from the shape options.
+
+    Raises:
+        click.UsageError: a flag the op's problem has no field for, or a value the problem
+            refuses (one line).
+
+    """
+    fields: dict[str, Any] = {"hidden": hidden, "dtype": dtype}
+    flags = flag_fields(op, no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
+                        residual=residual)
+    try:
+        return registry.get(op).problem(**fields, **flags)
+    except TypeError:
+        # A family whose problem type the registry cannot inspect: name the flags given.
+        raise click.UsageError(f"op {op} takes no {' or '.join(_given(flags))}") from None
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _given(fields: dict[str, bool]) -> list[str]:
+    """The flags that set ``fields`` (the options a user typed)."""
+    return [flag for flag, (field, _, _) in FLAGS.items() if field in fields] or ["such flag"]
+
+
+def problem_options(func: Any) -> Any:
+    """The shape options of ``render`` and ``export``: --op, --hidden, --dtype and the flags."""
+    options = [
+        click.option("--op", type=OP, default=DEFAULT_OP, show_default=True,
+                     help="Kernel family."),
+        click.option("--hidden", type=click.IntRange(min=1), required=True,
+                     help="Hidden size (row length)."),
+        click.option("--dtype", type=DTYPE, default="bfloat16", show_default=True,
+                     help="dtype of the tensors: bf16, fp16 or fp32."),
+        click.option("--no-weight", is_flag=True, help="Problem without a weight."),
+        click.option("--no-bias", is_flag=True, help="Problem without a bias (layer_norm)."),
+        click.option("--weight-offset", is_flag=True,
+                     help="Scale by 1 + weight, Gemma's RMSNorm (rms_norm)."),
+        click.option("--residual", is_flag=True,
+                     help="Add a residual first and normalize the sum, which the kernel stores "
+                          "too (rms_norm)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
