@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Compare autonorm's LayerNorm forward with its peers on one CUDA GPU.
+"""Compare autonorm's LayerNorm or RMSNorm forward with its peers on one CUDA GPU.
 
-Peers: PyTorch eager (``F.layer_norm``), ``torch.compile`` of it (``dynamic=False``), a
-Triton-tutorial-style kernel (``benchmarks/triton_tutorial_ln.py``) and Liger-Kernel.
+LayerNorm peers (the default, ``--op layer_norm``): PyTorch eager (``F.layer_norm``),
+``torch.compile`` of it (``dynamic=False``), a Triton-tutorial-style kernel
+(``benchmarks/triton_tutorial_ln.py``) and Liger-Kernel's LayerNorm. RMSNorm peers
+(``--op rms_norm``): eager ``F.rms_norm``, ``torch.compile`` of it and Liger-Kernel's RMSNorm
+(its default "llama" casting). What differs between the ops is the table ``OPS``.
 
 Run on the GPU machine, from the repository root::
 
     python3 benchmarks/peers.py --out results/     # everything (about 5 minutes on an H200)
     python3 benchmarks/peers.py --quick --out $OUT # fewer sweep shapes
+    python3 benchmarks/peers.py --op rms_norm --quick --out $OUT  # RMSNorm
     python3 benchmarks/peers.py --selftest         # no GPU: tables, JSON, plot on fake numbers
 
 Method (docs/timing.md; the H200 figures are in docs/results.md): every implementation is
@@ -28,7 +32,8 @@ under the same flush in the same run: a fixed cost weighs more on a short launch
 another size would be a biased yardstick. A fixed 2^28-byte copy is timed too, for reference.
 Latency shapes are timed with ``do_bench`` (its zeroing flush), by CUDA-graph replay
 (``do_bench_cudagraph``, L2 not flushed) and host-inclusive (wall time of back-to-back calls).
-Bandwidth counts x read once, y written once, weight and bias read once. A failure of one
+Bandwidth counts x read once, y written once, weight and bias (RMSNorm: the weight) read once.
+A failure of one
 implementation at one shape becomes an error row; the run carries on. Results are written to
 ``--out`` after every shape, so a run cut short still leaves ``peers.json``.
 """
@@ -54,6 +59,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +67,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 ALL_IMPLS = ("autonorm", "eager", "compile", "triton", "liger")
+DEFAULT_OP = "layer_norm"
 PEERS = ("eager", "compile", "triton", "liger")
 ALL_SUITES = ("sweep", "latency", "llm")
 RUN_ORDER = ("latency", "llm", "sweep")
@@ -101,6 +108,111 @@ MAX_PROBLEM_LINES = 25
 
 
 # --------------------------------------------------------------------------------------------
+# Ops: what differs between the norms compared (everything else is shared)
+# --------------------------------------------------------------------------------------------
+
+
+def _repo_on_path() -> None:
+    """Import autonorm from this checkout when it is one (before an installed copy)."""
+    if (REPO / "autonorm" / "__init__.py").is_file() and str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
+def _layer_norm_eager(F, shape, x, w, b, eps: float):  # noqa: N803
+    hid = (shape.hidden,)
+    return lambda: F.layer_norm(x, hid, w, b, eps)
+
+
+def _rms_norm_eager(F, shape, x, w, b, eps: float):  # noqa: N803, ARG001
+    hid = (shape.hidden,)
+    return lambda: F.rms_norm(x, hid, w, eps)
+
+
+def _layer_norm_compiled(F):  # noqa: N803
+    def ln(x, w, b, eps: float):
+        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+    return ln
+
+
+def _rms_norm_compiled(F):  # noqa: N803
+    def rms(x, w, b, eps: float):  # noqa: ARG001 - one signature for every op
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    return rms
+
+
+def _layer_norm_reference(F, shape, x, w, b, eps: float):  # noqa: N803
+    import torch
+
+    f64 = torch.float64
+    return F.layer_norm(x.to(f64), (shape.hidden,), w.to(f64), b.to(f64), eps)
+
+
+def _rms_norm_reference(F, shape, x, w, b, eps: float):  # noqa: N803, ARG001
+    """autonorm's float64 RMSNorm reference on CuPy views; the same formula in torch without
+    CuPy (a machine where autonorm cannot run still checks its peers)."""
+    import torch
+
+    x64, w64 = x.to(torch.float64), w.to(torch.float64)
+    _repo_on_path()
+    try:
+        import cupy
+
+        from autonorm.ops.rms_norm.reference import rms_norm_reference
+    except ImportError:
+        return x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w64
+    y = rms_norm_reference(cupy.from_dlpack(x64), cupy.from_dlpack(w64), eps)
+    return torch.from_dlpack(y)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One norm the benchmark compares: its peers, its bytes, its reference and its calls.
+
+    The builders take the bound inputs and return the zero-argument callable that is timed,
+    so each op calls its functions directly (no adapter inside the timed call).
+    """
+
+    title: str  # in the tables and the plot, e.g. "LayerNorm forward"
+    impls: tuple[str, ...]  # the implementations that exist for it, in ALL_IMPLS' order
+    has_bias: bool  # a bias is made, passed and counted
+    entry: str  # autonorm's function, in autonorm and autonorm.torch
+    liger: tuple[str, str]  # Liger-Kernel's module and autograd Function
+    eager: Callable  # (F, shape, x, w, b, eps) -> callable
+    compiled: Callable  # (F) -> fn(x, w, b, eps), compiled once per dtype
+    liger_call: Callable  # (Function, x, w, b, eps) -> callable
+    autonorm_call: Callable  # (autonorm's function, x, w, b, eps) -> callable
+    reference: Callable  # (F, shape, x, w, b, eps) -> float64 torch tensor
+
+    @property
+    def vectors(self) -> int:
+        """Hidden-sized vectors read once besides x: the weight, and the bias where one is."""
+        return 1 + int(self.has_bias)
+
+
+OPS: dict[str, Op] = {
+    "layer_norm": Op(
+        title="LayerNorm forward", impls=ALL_IMPLS, has_bias=True, entry="layer_norm",
+        liger=("liger_kernel.ops.layer_norm", "LigerLayerNormFunction"),
+        eager=_layer_norm_eager, compiled=_layer_norm_compiled,
+        liger_call=lambda fn, x, w, b, eps: lambda: fn.apply(x, w, b, eps),
+        autonorm_call=lambda fn, x, w, b, eps: lambda: fn(x, w, b, eps),
+        reference=_layer_norm_reference,
+    ),
+    "rms_norm": Op(
+        title="RMSNorm forward", impls=("autonorm", "eager", "compile", "liger"), has_bias=False,
+        entry="rms_norm", liger=("liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
+        eager=_rms_norm_eager, compiled=_rms_norm_compiled,
+        # Liger's defaults: no offset, "llama" casting (fp32 statistics, as autonorm's).
+        liger_call=lambda fn, x, w, b, eps: lambda: fn.apply(x, w, eps),
+        autonorm_call=lambda fn, x, w, b, eps: lambda: fn(x, w, eps=eps),
+        reference=_rms_norm_reference,
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
 # Shapes and records
 # --------------------------------------------------------------------------------------------
 
@@ -113,12 +225,13 @@ class Shape:
     dtype: str
     hidden: int
     rows: int
+    op: str = DEFAULT_OP
 
     @property
     def bytes(self) -> int:
-        """Fewest bytes a forward must move: x read, y written, weight and bias read."""
+        """Fewest bytes a forward must move: x read, y written, weight (and bias) read."""
         item = ITEMSIZE[self.dtype]
-        return self.rows * self.hidden * item * 2 + 2 * self.hidden * item
+        return self.rows * self.hidden * item * 2 + OPS[self.op].vectors * self.hidden * item
 
     @property
     def copy_bytes(self) -> int | None:
@@ -132,7 +245,8 @@ class Shape:
         return max(COPY_ROUND, (x_bytes + COPY_ROUND // 2) // COPY_ROUND * COPY_ROUND)
 
     def label(self) -> str:
-        return f"{self.suite} {self.dtype} h={self.hidden} rows={self.rows}"
+        op = "" if self.op == DEFAULT_OP else f"{self.op} "
+        return f"{op}{self.suite} {self.dtype} h={self.hidden} rows={self.rows}"
 
 
 def _csv(text: str) -> list[str]:
@@ -163,7 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=(
             "Compare autonorm's LayerNorm forward with PyTorch eager, torch.compile, a\n"
-            "Triton-tutorial kernel and Liger-Kernel on one CUDA GPU. Every implementation is\n"
+            "Triton-tutorial kernel and Liger-Kernel on one CUDA GPU (--op rms_norm: RMSNorm\n"
+            "forward, against eager, torch.compile and Liger). Every implementation is\n"
             "checked against float64, then timed:\n"
             "  sweep    2^26 elements at each hidden size, single launches after an L2 flush,\n"
             "           as a share of a device-to-device copy of the same bytes;\n"
@@ -177,6 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "  python benchmarks/peers.py --out results/          all suites (~5 min, H200)\n"
             "  python benchmarks/peers.py --quick --out results/  4 hidden sizes, bf16, fp32\n"
             "  python benchmarks/peers.py --suites latency        the latency suite alone\n"
+            "  python benchmarks/peers.py --op rms_norm --quick   RMSNorm, 4 hidden sizes\n"
             "  python benchmarks/peers.py --selftest              no GPU: synthetic numbers"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -189,8 +305,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suites", type=lambda s: _choices(s, ALL_SUITES, "--suites"),
                    default=list(ALL_SUITES),
                    help="sweep,latency,llm (default all; run as latency, llm, sweep)")
+    p.add_argument("--op", choices=tuple(OPS), default=DEFAULT_OP,
+                   help="the norm compared (default layer_norm)")
     p.add_argument("--impls", type=lambda s: _choices(s, ALL_IMPLS, "--impls"),
-                   default=list(ALL_IMPLS), help="autonorm,eager,compile,triton,liger")
+                   default=None, help="autonorm,eager,compile,triton,liger (default: every one "
+                                      "the op has; rms_norm has no triton)")
     p.add_argument("--latency-dtypes", type=lambda s: _choices(s, DTYPES, "--latency-dtypes"),
                    default=["bf16"], help="dtypes of the latency and llm suites (default bf16)")
     p.add_argument("--quick", action="store_true",
@@ -207,6 +326,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--selftest", action="store_true",
                    help="no GPU: exercise parsing, tables, JSON and plot on synthetic numbers")
     args = p.parse_args(argv)
+    op = OPS[args.op]
+    if args.impls is None:
+        args.impls = list(op.impls)
+    missing = [name for name in args.impls if name not in op.impls]
+    if missing:
+        p.error(f"--impls: {', '.join(missing)} has no {args.op} implementation here "
+                f"({', '.join(op.impls)})")
     if args.dtypes is None:
         args.dtypes = list(QUICK_DTYPES) if args.quick else list(DTYPES)
     if args.hidden is None:
@@ -225,20 +351,20 @@ def build_shapes(args: argparse.Namespace) -> list[Shape]:
         if suite == "sweep":
             for dt in args.dtypes:
                 for h in args.hidden:
-                    shapes.append(Shape("sweep", dt, h, max(1, SWEEP_ELEMENTS // h)))
+                    shapes.append(Shape("sweep", dt, h, max(1, SWEEP_ELEMENTS // h), args.op))
         elif suite == "latency":
             for dt in args.latency_dtypes:
                 for r in LATENCY_ROWS:
-                    shapes.append(Shape("latency", dt, LATENCY_HIDDEN, r))
+                    shapes.append(Shape("latency", dt, LATENCY_HIDDEN, r, args.op))
         elif suite == "llm":
             for dt in args.latency_dtypes:
                 for h in LLM_HIDDEN:
-                    shapes.append(Shape("llm", dt, h, LLM_TOKENS))
+                    shapes.append(Shape("llm", dt, h, LLM_TOKENS, args.op))
     return shapes
 
 
 def new_record(shape: Shape, impl: str) -> dict:
-    return {
+    record = {
         "suite": shape.suite,
         "dtype": shape.dtype,
         "hidden": shape.hidden,
@@ -270,6 +396,13 @@ def new_record(shape: Shape, impl: str) -> dict:
         "out_dtype": None,
         "error": None,
     }
+    return record | op_fields(shape.op)
+
+
+def op_fields(op: str) -> dict:
+    """``{"op": op}`` for a record or the meta; nothing for LayerNorm, the op a run without one
+    is (readers of LayerNorm results see one format)."""
+    return {} if op == DEFAULT_OP else {"op": op}
 
 
 def gbps_of(nbytes: int, ms: float | None) -> float | None:
@@ -335,14 +468,16 @@ def _install_liger(spec: str) -> str:
 class Impls:
     """Holds each implementation's callable factory, or the reason it is unavailable."""
 
-    def __init__(self, names: list[str], liger_wheel: str) -> None:
+    def __init__(self, names: list[str], liger_wheel: str, op: str = DEFAULT_OP) -> None:
         import torch
         import torch.nn.functional as F  # noqa: N812
 
         self.torch = torch
         self.F = F
         self.names = names
-        self.unavailable: dict[str, str] = {}
+        self.op = OPS[op]
+        self.unavailable: dict[str, str] = {
+            name: f"no {op} implementation" for name in names if name not in self.op.impls}
         self.versions: dict[str, str | None] = {}
         self.notes: dict[str, str] = {}
         self._compiled: dict[str, object] = {}
@@ -355,7 +490,7 @@ class Impls:
             self._load_autonorm()
         if "compile" in names:
             self._setup_compile()
-        if "triton" in names:
+        if "triton" in names and "triton" not in self.unavailable:
             try:
                 sys.path.insert(0, str(HERE))
                 import triton_tutorial_ln
@@ -369,8 +504,8 @@ class Impls:
     # -- loading ---------------------------------------------------------------------------
 
     def _load_autonorm(self) -> None:
-        if (REPO / "autonorm" / "__init__.py").is_file() and str(REPO) not in sys.path:
-            sys.path.insert(0, str(REPO))
+        _repo_on_path()
+        entry = self.op.entry
         errors = []
         try:
             import autonorm
@@ -381,15 +516,17 @@ class Impls:
             self.unavailable["autonorm"] = _short(exc)
             return
         try:
-            self._autonorm = autonorm.layer_norm  # lazy attribute: imports autonorm.dispatch
+            self._autonorm = getattr(autonorm, entry)  # lazy attribute: imports autonorm.dispatch
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"autonorm.layer_norm: {_short(exc)}")
+            errors.append(f"autonorm.{entry}: {_short(exc)}")
         try:
             import autonorm.torch as an_torch
 
-            self._autonorm_torch = an_torch.layer_norm
+            if not hasattr(an_torch, entry):
+                raise AttributeError(f"autonorm.torch has no {entry}")
+            self._autonorm_torch = getattr(an_torch, entry)
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"autonorm.torch.layer_norm: {_short(exc)}")
+            errors.append(f"autonorm.torch.{entry}: {_short(exc)}")
         if errors:
             self.notes["autonorm_import"] = "; ".join(errors)
         if self._autonorm is None and self._autonorm_torch is None:
@@ -416,22 +553,20 @@ class Impls:
                         break
         except Exception as exc:  # noqa: BLE001
             self.notes["compile_config"] = _short(exc)
-        F = self.F  # noqa: N806
-
-        def ln(x, w, b, eps: float):
-            return F.layer_norm(x, (x.shape[-1],), w, b, eps)
-
+        norm = self.op.compiled(self.F)
         try:
             for dt in DTYPES:
-                self._compiled[dt] = torch.compile(ln, dynamic=False)
+                self._compiled[dt] = torch.compile(norm, dynamic=False)
         except Exception as exc:  # noqa: BLE001
             self.unavailable["compile"] = _short(exc)
 
     def _load_liger(self, wheel_spec: str) -> None:
-        def attempt():
-            from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        module, function = self.op.liger
 
-            return LigerLayerNormFunction
+        def attempt():
+            import importlib
+
+            return getattr(importlib.import_module(module), function)
 
         try:
             fn = attempt()
@@ -463,9 +598,7 @@ class Impls:
         if impl in self.unavailable:
             raise Unavailable(self.unavailable[impl])
         if impl == "eager":
-            F = self.F  # noqa: N806
-            hid = (shape.hidden,)
-            return (lambda: F.layer_norm(x, hid, w, b, eps)), {}
+            return self.op.eager(self.F, shape, x, w, b, eps), {}
         if impl == "compile":
             cfn = self._compiled[shape.dtype]
             return (lambda: cfn(x, w, b, eps)), {}
@@ -473,8 +606,7 @@ class Impls:
             tfn = self._triton_ln
             return (lambda: tfn(x, w, b, eps)), {}
         if impl == "liger":
-            lfn = self._liger
-            return (lambda: lfn.apply(x, w, b, eps)), {}
+            return self.op.liger_call(self._liger, x, w, b, eps), {}
         if impl == "autonorm":
             return self._make_autonorm(x, w, b, eps)
         raise ValueError(impl)
@@ -482,18 +614,25 @@ class Impls:
     def _make_autonorm(self, x, w, b, eps: float):
         """Find a way in that works, in this order, and say which one ran (``path``).
 
-        ``torch``: ``autonorm.layer_norm`` on the torch tensors; ``autonorm.torch``:
-        ``autonorm.torch.layer_norm`` on them; ``dlpack``: ``autonorm.layer_norm`` on CuPy views
-        (``cupy.from_dlpack``) run on torch's current stream, result back through DLPack.
+        ``torch``: ``autonorm.layer_norm`` (``rms_norm``: the op's function) on the torch
+        tensors; ``autonorm.torch``: ``autonorm.torch.layer_norm`` on them; ``dlpack``:
+        ``autonorm.layer_norm`` on CuPy views (``cupy.from_dlpack``) run on torch's current
+        stream, result back through DLPack.
         """
         torch = self.torch
         an, an_torch = self._autonorm, self._autonorm_torch
+        bind = self.op.autonorm_call
+
+        def on_torch(fn):
+            call = bind(fn, x, w, b, eps)
+            return lambda: _as_torch(call())
+
         # (path, builder); a builder returns the callable to time.
         candidates = []
         if an is not None:
-            candidates.append(("torch", lambda: lambda: _as_torch(an(x, w, b, eps))))
+            candidates.append(("torch", lambda: on_torch(an)))
         if an_torch is not None:
-            candidates.append(("autonorm.torch", lambda: lambda: _as_torch(an_torch(x, w, b, eps))))
+            candidates.append(("autonorm.torch", lambda: on_torch(an_torch)))
         if an is not None:
             candidates.append(("dlpack", lambda: self._dlpack_fn(an, x, w, b, eps)))
         info: dict = {}
@@ -522,13 +661,15 @@ class Impls:
 
         from autonorm.runtime.driver import wrap_stream
 
-        xc, wc, bc = cupy.from_dlpack(x), cupy.from_dlpack(w), cupy.from_dlpack(b)
+        xc, wc = cupy.from_dlpack(x), cupy.from_dlpack(w)
+        bc = None if b is None else cupy.from_dlpack(b)
+        call = self.op.autonorm_call(an, xc, wc, bc, eps)
 
         def dlpack_path():
             # Run on torch's current stream so do_bench events and graph capture see the work.
             stream = wrap_stream(torch.cuda.current_stream().cuda_stream)
             with stream:
-                y = an(xc, wc, bc, eps)
+                y = call()
             return _as_torch(y)
 
         return dlpack_path
@@ -741,12 +882,11 @@ def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> l
     recs = []
     dtype = _torch_dtype(shape.dtype)
     torch.manual_seed(seed)
+    op = OPS[shape.op]
     x = torch.randn(shape.rows, shape.hidden, device=DEVICE, dtype=dtype)
     w = (1.0 + 0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype)
-    b = (0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype)
-    ref = impls.F.layer_norm(
-        x.to(torch.float64), (shape.hidden,), w.to(torch.float64), b.to(torch.float64), EPS
-    )
+    b = (0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype) if op.has_bias else None
+    ref = op.reference(impls.F, shape, x, w, b, EPS)
     ref_norm = ref.norm()
     for impl in names:
         rec = new_record(shape, impl)
@@ -1033,12 +1173,15 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
         print(f"autonorm called through: {', '.join(paths)}")
     print(f"wrote {meta.get('json_path')} and {meta.get('png_path') or '(no plot)'}")
     print()
+    op = meta.get("op", DEFAULT_OP)
+    title = OPS[op].title
+    latency = "Latency" if op == DEFAULT_OP else f"{title} latency"
     h, rows = latency_table(records, names)
-    render_table(f"Latency, hidden {LATENCY_HIDDEN}: do_bench (L2 flushed) / CUDA graph / "
+    render_table(f"{latency}, hidden {LATENCY_HIDDEN}: do_bench (L2 flushed) / CUDA graph / "
                  "host-inclusive, us; best peer and autonorm/best per metric (<1 = autonorm "
                  "faster)", h, rows, plain)
     h, rows = bandwidth_table(records, names)
-    render_table("LayerNorm forward: GB/s and % of copy bandwidth (median of single launches, "
+    render_table(f"{title}: GB/s and % of copy bandwidth (median of single launches, "
                  "L2 flushed by a read; copy of the same bytes); autonorm/best > 1 = autonorm "
                  "faster", h, rows, plain)
     h, rows = bandwidth_table(records, names, zero=True)
@@ -1127,7 +1270,8 @@ def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) ->
              if u["flush"] == "read" and u["bytes_buffer"] in sizes and u["gbps"]]
     lo, hi = (f"{min(rates):.0f}", f"{max(rates):.0f}") if rates else ("-", "-")
     span = lo if lo == hi else f"{lo}-{hi}"
-    fig.suptitle(f"LayerNorm forward on {meta.get('device')}: share of a copy of the same bytes, "
+    title = OPS[meta.get("op", DEFAULT_OP)].title
+    fig.suptitle(f"{title} on {meta.get('device')}: share of a copy of the same bytes, "
                  f"L2 flushed by a read (copy {span} GB/s)")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
@@ -1146,7 +1290,8 @@ def collect_meta(args: argparse.Namespace) -> dict:
     meta: dict = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv,
-        "args": {k: v for k, v in vars(args).items()},
+        # A LayerNorm run names no op (nor do its records): LayerNorm results keep one format.
+        "args": {k: v for k, v in vars(args).items() if k != "op" or v != DEFAULT_OP},
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda_runtime": torch.version.cuda,
@@ -1171,7 +1316,7 @@ def collect_meta(args: argparse.Namespace) -> dict:
             "graph": f"triton.testing.do_bench_cudagraph rep={GRAPH_REP_MS} (L2 not flushed)",
             "host": f"wall time of {HOST_CALLS} back-to-back calls after a sync, median of "
                     f"{HOST_REPEATS}",
-            "bytes": "rows*hidden*itemsize*2 + 2*hidden*itemsize",
+            "bytes": f"rows*hidden*itemsize*2 + {OPS[args.op].vectors}*hidden*itemsize",
             "share": "GB/s over the GB/s of a device-to-device copy of the same bytes as x "
                      f"(rounded to {COPY_ROUND // 2**20} MiB; bytes moved = 2 x buffer), timed "
                      "under the same flush in the same run (larger of start and end). Latency "
@@ -1181,6 +1326,7 @@ def collect_meta(args: argparse.Namespace) -> dict:
                                 f"{COPY_BYTES // 2**20} MiB buffer, the yardstick of earlier runs",
         },
     }
+    meta.update(op_fields(args.op))
     try:
         import triton
 
@@ -1225,7 +1371,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_grad_enabled(False)
     meta = collect_meta(args)
-    impls = Impls(args.impls, args.liger_wheel)
+    impls = Impls(args.impls, args.liger_wheel, args.op)
     meta["liger"] = impls.versions.get("liger")
     meta["autonorm"] = impls.versions.get("autonorm")
     meta["unavailable"] = impls.unavailable
@@ -1351,7 +1497,8 @@ def selftest(args: argparse.Namespace) -> int:
                     "--impls", "eager,autonorm", "--selftest"])
     assert a.dtypes == ["fp16"] and a.hidden == [512, 768] and a.impls == ["eager", "autonorm"]
     assert [s.suite for s in build_shapes(a)] == ["llm", "llm", "sweep", "sweep"]
-    for bad in (["--dtypes", "fp8"], ["--hidden", "x"], ["--impls", "cudnn"], ["--suites", ""]):
+    for bad in (["--dtypes", "fp8"], ["--hidden", "x"], ["--impls", "cudnn"], ["--suites", ""],
+                ["--op", "group_norm"], ["--op", "rms_norm", "--impls", "eager,triton"]):
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 parse_args(bad)
@@ -1370,6 +1517,17 @@ def selftest(args: argparse.Namespace) -> int:
     assert summarize_ms([5.0, 1.0, 3.0, 2.0, 4.0]) == (3.0, 1.8, 4.2)
     s = Shape("sweep", "bf16", 4096, 2**26 // 4096)
     assert s.bytes == 2**26 * 2 * 2 + 2 * 4096 * 2
+    # RMSNorm: its peers (no Triton tutorial), its shapes, one hidden-sized vector (the weight).
+    r = parse_args(["--op", "rms_norm", "--quick", "--selftest"])
+    assert r.impls == ["autonorm", "eager", "compile", "liger"], r.impls
+    assert {sh.op for sh in build_shapes(r)} == {"rms_norm"}
+    assert Shape("sweep", "fp32", 4096, 2**26 // 4096, "rms_norm").bytes == (
+        2**26 * 4 * 2 + 4096 * 4)
+    assert new_record(Shape("llm", "bf16", 4096, 4096, "rms_norm"), "eager")["op"] == "rms_norm"
+    assert "op" not in new_record(s, "eager")  # LayerNorm records are as they always were
+    for name, op in OPS.items():
+        assert op.impls == tuple(i for i in ALL_IMPLS if i in op.impls), name
+        assert "autonorm" in op.impls and op.vectors == 1 + op.has_bias, name
     assert abs(gbps_of(10**9, 1.0) - 1000.0) < 1e-9
 
     # Timing-helper plumbing with fake benchmark functions of each signature.
@@ -1397,7 +1555,7 @@ def selftest(args: argparse.Namespace) -> int:
     assert rates[(COPY_BYTES, "read")] == 4250.0, rates
     assert rates[(COPY_BYTES, "zero")] < rates[(COPY_BYTES, "read")], rates
     records = synthetic_records(shapes, names, rates)
-    records.append(dict(new_record(Shape("llm", "bf16", 8192, 4096), "autonorm"),
+    records.append(dict(new_record(Shape("llm", "bf16", 8192, 4096, args.op), "autonorm"),
                         status="skipped", error="time budget of 520 s spent"))
     finalize(records, rates)
     bw_ok = [r for r in records if r["suite"] != "latency" and r["status"] == "ok"]
@@ -1414,6 +1572,7 @@ def selftest(args: argparse.Namespace) -> int:
         "copy": {"sizes": sizes, "fixed_bytes_buffer": COPY_BYTES, "start": copy_start,
                  "end": copy_end, "used": used_copies(copy_start, copy_end)},
         "json_path": str(out / "peers.json"), "png_path": str(out / "peers.png"),
+        **op_fields(args.op),
     }
     for r in records[:8] + bw_ok[:4]:
         print(progress_line(r))
@@ -1424,6 +1583,7 @@ def selftest(args: argparse.Namespace) -> int:
     write_json(out / "peers.json", meta, records, complete=True)
     loaded = json.loads((out / "peers.json").read_text())
     assert len(loaded["measurements"]) == len(records)
+    assert {m.get("op", DEFAULT_OP) for m in loaded["measurements"]} == {args.op}
     assert any(m["rel_err"] is None and m["status"] == "WRONG" for m in loaded["measurements"]) \
         or "triton" not in names
     assert all(m["share"] is not None for m in loaded["measurements"]
@@ -1435,10 +1595,12 @@ def selftest(args: argparse.Namespace) -> int:
     print(summary, end="")
     if any(s.suite != "latency" for s in shapes):
         for needle in ("L2 flushed by a read; copy of the same bytes", "do_bench's zeroing flush",
-                       "read flush", "zero flush", "(fixed reference)"):
+                       "read flush", "zero flush", "(fixed reference)",
+                       f"{OPS[args.op].title}: GB/s and % of copy bandwidth"):
             assert needle in summary, needle
     print_summary(meta, records, names, plain=args.plain)
-    print(f"selftest ok: {len(records)} synthetic rows; files in {out}")
+    of = "" if args.op == DEFAULT_OP else f" of {args.op}"
+    print(f"selftest ok: {len(records)} synthetic rows{of}; files in {out}")
     return 0
 
 
