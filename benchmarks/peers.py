@@ -1,22 +1,29 @@
 #!/usr/bin/env python3
-"""Compare autonorm's LayerNorm or RMSNorm forward with its peers on one CUDA GPU.
+"""Compare autonorm's LayerNorm, RMSNorm or fused add + RMSNorm forward with its peers on a GPU.
 
 LayerNorm peers (the default, ``--op layer_norm``): PyTorch eager (``F.layer_norm``),
 ``torch.compile`` of it (``dynamic=False``), a Triton-tutorial-style kernel
 (``benchmarks/triton_tutorial_ln.py``) and Liger-Kernel's LayerNorm. RMSNorm peers
 (``--op rms_norm``): eager ``F.rms_norm``, ``torch.compile`` of it and Liger-Kernel's RMSNorm
-(its default "llama" casting). What differs between the ops is the table ``OPS``.
+(its default "llama" casting). Fused residual add + RMSNorm (``--op add_rms_norm``: ``h = x +
+residual``, ``y = rms_norm(h) * w``, both returned): eager ``h = x + r`` then ``F.rms_norm(h)``,
+``torch.compile`` of the two together and Liger-Kernel's fused add RMSNorm; autonorm runs
+functional and, as ``autonorm-inplace``, in place (vLLM's form: ``residual`` becomes h, ``x``
+becomes y). What differs between the ops is the table ``OPS``.
 
 Run on the GPU machine, from the repository root::
 
     python3 benchmarks/peers.py --out results/     # everything (about 5 minutes on an H200)
     python3 benchmarks/peers.py --quick --out $OUT # fewer sweep shapes
     python3 benchmarks/peers.py --op rms_norm --quick --out $OUT  # RMSNorm
+    python3 benchmarks/peers.py --op add_rms_norm --quick --out $OUT  # fused add + RMSNorm
     python3 benchmarks/peers.py --selftest         # no GPU: tables, JSON, plot on fake numbers
 
 Method (docs/timing.md; the H200 figures are in docs/results.md): every implementation is
 first checked against a float64 reference on the same input (relative L2 error; above 1e-2 for
-bf16/fp16 or 1e-4 for fp32 it is flagged WRONG), then timed.
+bf16/fp16 or 1e-4 for fp32 it is flagged WRONG), then timed. The fused add returns two outputs:
+both are checked, h against the float64 sum rounded once to the dtype (its largest absolute
+difference is reported too: a correctly rounded sum has none).
 
 Bandwidth suites (sweep, llm) time single launches between CUDA events, each after a flush of
 the L2, median of the repeats, under two flushes back to back:
@@ -32,8 +39,14 @@ under the same flush in the same run: a fixed cost weighs more on a short launch
 another size would be a biased yardstick. A fixed 2^28-byte copy is timed too, for reference.
 Latency shapes are timed with ``do_bench`` (its zeroing flush), by CUDA-graph replay
 (``do_bench_cudagraph``, L2 not flushed) and host-inclusive (wall time of back-to-back calls).
-Bandwidth counts x read once, y written once, weight and bias (RMSNorm: the weight) read once.
-A failure of one
+Bandwidth counts x read once, y written once, weight and bias (RMSNorm: the weight) read once;
+the fused add also reads the residual once and writes h once, and its share is over a copy of
+x's and the residual's bytes (the same bytes moved). The in-place form runs on copies of x and
+the residual of its own, which each launch overwrites (adding the last y to the last h, values
+grow, and overflow in fp16 after some thousands of launches): its correctness is checked on the
+first launch, on fresh copies; they are put back before each timed launch of the bandwidth
+suites (before its flush, outside the timed window) and before each latency measurement, which
+launches back to back (the largest value after it is reported). A failure of one
 implementation at one shape becomes an error row; the run carries on. Results are written to
 ``--out`` after every shape, so a run cut short still leaves ``peers.json``.
 """
@@ -66,7 +79,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-ALL_IMPLS = ("autonorm", "eager", "compile", "triton", "liger")
+ALL_IMPLS = ("autonorm", "autonorm-inplace", "eager", "compile", "triton", "liger")
+IN_PLACE_IMPLS = ("autonorm-inplace",)
+# Fixed per implementation, so a name keeps its colour in every op's plot.
+COLORS = {"autonorm": "C0", "eager": "C1", "compile": "C2", "triton": "C3", "liger": "C4",
+          "autonorm-inplace": "C5"}
 DEFAULT_OP = "layer_norm"
 PEERS = ("eager", "compile", "triton", "liger")
 ALL_SUITES = ("sweep", "latency", "llm")
@@ -118,38 +135,57 @@ def _repo_on_path() -> None:
         sys.path.insert(0, str(REPO))
 
 
-def _layer_norm_eager(F, shape, x, w, b, eps: float):  # noqa: N803
+def _layer_norm_eager(F, shape, x, w, b, eps: float, r=None):  # noqa: N803, ARG001
     hid = (shape.hidden,)
     return lambda: F.layer_norm(x, hid, w, b, eps)
 
 
-def _rms_norm_eager(F, shape, x, w, b, eps: float):  # noqa: N803, ARG001
+def _rms_norm_eager(F, shape, x, w, b, eps: float, r=None):  # noqa: N803, ARG001
     hid = (shape.hidden,)
     return lambda: F.rms_norm(x, hid, w, eps)
 
 
+def _add_rms_norm_eager(F, shape, x, w, b, eps: float, r=None):  # noqa: N803, ARG001
+    hid = (shape.hidden,)
+
+    def add_then_norm():
+        h = x + r
+        return F.rms_norm(h, hid, w, eps), h
+
+    return add_then_norm
+
+
 def _layer_norm_compiled(F):  # noqa: N803
-    def ln(x, w, b, eps: float):
+    def ln(x, w, b, eps: float, r=None):  # noqa: ARG001 - one signature for every op
         return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
     return ln
 
 
 def _rms_norm_compiled(F):  # noqa: N803
-    def rms(x, w, b, eps: float):  # noqa: ARG001 - one signature for every op
+    def rms(x, w, b, eps: float, r=None):  # noqa: ARG001 - one signature for every op
         return F.rms_norm(x, (x.shape[-1],), w, eps)
 
     return rms
 
 
-def _layer_norm_reference(F, shape, x, w, b, eps: float):  # noqa: N803
+def _add_rms_norm_compiled(F):  # noqa: N803
+    def add_rms(x, w, b, eps: float, r=None):  # noqa: ARG001 - one signature for every op
+        # The add and the norm in one compiled function, so Inductor can fuse them.
+        h = x + r
+        return F.rms_norm(h, (x.shape[-1],), w, eps), h
+
+    return add_rms
+
+
+def _layer_norm_reference(F, shape, x, w, b, eps: float, r=None):  # noqa: N803, ARG001
     import torch
 
     f64 = torch.float64
     return F.layer_norm(x.to(f64), (shape.hidden,), w.to(f64), b.to(f64), eps)
 
 
-def _rms_norm_reference(F, shape, x, w, b, eps: float):  # noqa: N803, ARG001
+def _rms_norm_reference(F, shape, x, w, b, eps: float, r=None):  # noqa: N803, ARG001
     """autonorm's float64 RMSNorm reference on CuPy views; the same formula in torch without
     CuPy (a machine where autonorm cannot run still checks its peers)."""
     import torch
@@ -166,12 +202,35 @@ def _rms_norm_reference(F, shape, x, w, b, eps: float):  # noqa: N803, ARG001
     return torch.from_dlpack(y)
 
 
+def rounded_sum(x, r):
+    """``x + r`` summed in float64 and rounded to x's dtype: the correctly rounded sum.
+
+    Rounding the sum to float64 first, or to float32 on the way to bf16 or fp16, rounds once in
+    effect: each intermediate format has at least 2p + 2 bits for a sum of two p-bit numbers,
+    and there rounding twice equals rounding once (the same bits as
+    ``autonorm.numerics.from_float64``; tests/test_peers_add_rms.py compares them).
+    """
+    import torch
+
+    return (x.to(torch.float64) + r.to(torch.float64)).to(x.dtype)
+
+
+def _add_rms_norm_reference(F, shape, x, w, b, eps: float, r=None):  # noqa: N803
+    """(y, h) in float64: h the sum rounded to the dtype, y the RMSNorm reference of that h."""
+    import torch
+
+    h = rounded_sum(x, r)
+    return _rms_norm_reference(F, shape, h, w, b, eps), h.to(torch.float64)
+
+
 @dataclass(frozen=True)
 class Op:
     """One norm the benchmark compares: its peers, its bytes, its reference and its calls.
 
-    The builders take the bound inputs and return the zero-argument callable that is timed,
-    so each op calls its functions directly (no adapter inside the timed call).
+    The builders take the bound inputs (``r``: the residual, None for a norm without one) and
+    return the zero-argument callable that is timed, so each op calls its functions directly
+    (no adapter inside the timed call). That callable returns y, or ``(y, h)`` for the fused
+    add; the reference returns the same in float64.
     """
 
     title: str  # in the tables and the plot, e.g. "LayerNorm forward"
@@ -179,25 +238,35 @@ class Op:
     has_bias: bool  # a bias is made, passed and counted
     entry: str  # autonorm's function, in autonorm and autonorm.torch
     liger: tuple[str, str]  # Liger-Kernel's module and autograd Function
-    eager: Callable  # (F, shape, x, w, b, eps) -> callable
-    compiled: Callable  # (F) -> fn(x, w, b, eps), compiled once per dtype
-    liger_call: Callable  # (Function, x, w, b, eps) -> callable
-    autonorm_call: Callable  # (autonorm's function, x, w, b, eps) -> callable
-    reference: Callable  # (F, shape, x, w, b, eps) -> float64 torch tensor
+    eager: Callable  # (F, shape, x, w, b, eps, r) -> callable
+    compiled: Callable  # (F) -> fn(x, w, b, eps, r), compiled once per dtype
+    liger_call: Callable  # (Function, x, w, b, eps, r) -> callable
+    autonorm_call: Callable  # (autonorm's function, x, w, b, eps, r) -> callable
+    reference: Callable  # (F, shape, x, w, b, eps, r) -> float64 torch tensor (or y, h)
+    has_residual: bool = False  # a residual is made, added, passed and counted; h returned
+    # (autonorm's function, x, w, b, eps, r) -> callable writing y into x and h into r
+    in_place_call: Callable | None = None
 
     @property
     def vectors(self) -> int:
         """Hidden-sized vectors read once besides x: the weight, and the bias where one is."""
         return 1 + int(self.has_bias)
 
+    @property
+    def row_streams(self) -> int:
+        """x-sized tensors moved once: x read and y written, and the residual read and h
+        written where there is one."""
+        return 2 + 2 * int(self.has_residual)
+
 
 OPS: dict[str, Op] = {
     "layer_norm": Op(
-        title="LayerNorm forward", impls=ALL_IMPLS, has_bias=True, entry="layer_norm",
+        title="LayerNorm forward", impls=("autonorm", "eager", "compile", "triton", "liger"),
+        has_bias=True, entry="layer_norm",
         liger=("liger_kernel.ops.layer_norm", "LigerLayerNormFunction"),
         eager=_layer_norm_eager, compiled=_layer_norm_compiled,
-        liger_call=lambda fn, x, w, b, eps: lambda: fn.apply(x, w, b, eps),
-        autonorm_call=lambda fn, x, w, b, eps: lambda: fn(x, w, b, eps),
+        liger_call=lambda fn, x, w, b, eps, r=None: lambda: fn.apply(x, w, b, eps),
+        autonorm_call=lambda fn, x, w, b, eps, r=None: lambda: fn(x, w, b, eps),
         reference=_layer_norm_reference,
     ),
     "rms_norm": Op(
@@ -205,9 +274,23 @@ OPS: dict[str, Op] = {
         entry="rms_norm", liger=("liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
         eager=_rms_norm_eager, compiled=_rms_norm_compiled,
         # Liger's defaults: no offset, "llama" casting (fp32 statistics, as autonorm's).
-        liger_call=lambda fn, x, w, b, eps: lambda: fn.apply(x, w, eps),
-        autonorm_call=lambda fn, x, w, b, eps: lambda: fn(x, w, eps=eps),
+        liger_call=lambda fn, x, w, b, eps, r=None: lambda: fn.apply(x, w, eps),
+        autonorm_call=lambda fn, x, w, b, eps, r=None: lambda: fn(x, w, eps=eps),
         reference=_rms_norm_reference,
+    ),
+    "add_rms_norm": Op(
+        title="Fused add + RMSNorm forward",
+        impls=("autonorm", "autonorm-inplace", "eager", "compile", "liger"), has_bias=False,
+        entry="add_rms_norm",
+        liger=("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction"),
+        eager=_add_rms_norm_eager, compiled=_add_rms_norm_compiled,
+        # Liger's defaults: no offset, "llama" casting; it returns (y, h) as autonorm does.
+        liger_call=lambda fn, x, w, b, eps, r=None: lambda: fn.apply(x, r, w, eps),
+        autonorm_call=lambda fn, x, w, b, eps, r=None: lambda: fn(x, r, w, eps=eps),
+        reference=_add_rms_norm_reference,
+        has_residual=True,
+        in_place_call=lambda fn, x, w, b, eps, r=None: lambda: fn(x, r, w, eps=eps,
+                                                                   in_place=True),
     ),
 }
 
@@ -229,20 +312,22 @@ class Shape:
 
     @property
     def bytes(self) -> int:
-        """Fewest bytes a forward must move: x read, y written, weight (and bias) read."""
-        item = ITEMSIZE[self.dtype]
-        return self.rows * self.hidden * item * 2 + OPS[self.op].vectors * self.hidden * item
+        """Fewest bytes a forward must move: x read, y written, weight (and bias) read; with a
+        residual, it read and h written too."""
+        item, op = ITEMSIZE[self.dtype], OPS[self.op]
+        return self.rows * self.hidden * item * op.row_streams + op.vectors * self.hidden * item
 
     @property
     def copy_bytes(self) -> int | None:
-        """Buffer bytes of the copy this shape's share is taken of (x's, to a MiB), or None.
+        """Buffer bytes of the copy this shape's share is taken of, or None.
 
-        None for the latency suite, whose share stays over the fixed-size copy.
+        x's bytes (x's and the residual's where there is one: a copy moving the same bytes),
+        to a MiB. None for the latency suite, whose share stays over the fixed-size copy.
         """
         if self.suite == "latency":
             return None
-        x_bytes = self.rows * self.hidden * ITEMSIZE[self.dtype]
-        return max(COPY_ROUND, (x_bytes + COPY_ROUND // 2) // COPY_ROUND * COPY_ROUND)
+        read_bytes = self.rows * self.hidden * ITEMSIZE[self.dtype] * OPS[self.op].row_streams // 2
+        return max(COPY_ROUND, (read_bytes + COPY_ROUND // 2) // COPY_ROUND * COPY_ROUND)
 
     def label(self) -> str:
         op = "" if self.op == DEFAULT_OP else f"{self.op} "
@@ -278,7 +363,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=(
             "Compare autonorm's LayerNorm forward with PyTorch eager, torch.compile, a\n"
             "Triton-tutorial kernel and Liger-Kernel on one CUDA GPU (--op rms_norm: RMSNorm\n"
-            "forward, against eager, torch.compile and Liger). Every implementation is\n"
+            "forward, against eager, torch.compile and Liger; --op add_rms_norm: residual add\n"
+            "+ RMSNorm, against eager add + rms_norm, torch.compile of both and Liger's fused\n"
+            "add RMSNorm, autonorm functional and in place). Every implementation is\n"
             "checked against float64, then timed:\n"
             "  sweep    2^26 elements at each hidden size, single launches after an L2 flush,\n"
             "           as a share of a device-to-device copy of the same bytes;\n"
@@ -293,6 +380,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "  python benchmarks/peers.py --quick --out results/  4 hidden sizes, bf16, fp32\n"
             "  python benchmarks/peers.py --suites latency        the latency suite alone\n"
             "  python benchmarks/peers.py --op rms_norm --quick   RMSNorm, 4 hidden sizes\n"
+            "  python benchmarks/peers.py --op add_rms_norm --quick  fused add + RMSNorm\n"
             "  python benchmarks/peers.py --selftest              no GPU: synthetic numbers"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -309,7 +397,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the norm compared (default layer_norm)")
     p.add_argument("--impls", type=lambda s: _choices(s, ALL_IMPLS, "--impls"),
                    default=None, help="autonorm,eager,compile,triton,liger (default: every one "
-                                      "the op has; rms_norm has no triton)")
+                                      "the op has; rms_norm has no triton); add_rms_norm: "
+                                      "autonorm,autonorm-inplace,eager,compile,liger")
     p.add_argument("--latency-dtypes", type=lambda s: _choices(s, DTYPES, "--latency-dtypes"),
                    default=["bf16"], help="dtypes of the latency and llm suites (default bf16)")
     p.add_argument("--quick", action="store_true",
@@ -396,6 +485,10 @@ def new_record(shape: Shape, impl: str) -> dict:
         "out_dtype": None,
         "error": None,
     }
+    if OPS[shape.op].has_residual:
+        # h = x + residual, the second output: checked as y is, and its largest difference from
+        # the rounded float64 sum (0 where the sum is rounded once, as it should be).
+        record |= {"h_rel_err": None, "h_max_abs_err": None}
     return record | op_fields(shape.op)
 
 
@@ -432,10 +525,13 @@ def _torch_dtype(name: str):
 
 
 def _as_torch(y):
+    """A torch tensor of an output (CuPy through DLPack); a tuple of them for ``(y, h)``."""
     import torch
 
     if isinstance(y, torch.Tensor):
         return y
+    if isinstance(y, tuple):
+        return tuple(_as_torch(t) for t in y)
     return torch.from_dlpack(y)
 
 
@@ -486,7 +582,7 @@ class Impls:
         self._liger = None
         self._triton_ln = None
 
-        if "autonorm" in names:
+        if any(name in ("autonorm", *IN_PLACE_IMPLS) for name in names):
             self._load_autonorm()
         if "compile" in names:
             self._setup_compile()
@@ -513,7 +609,7 @@ class Impls:
             self.versions["autonorm"] = getattr(autonorm, "__version__", None)
             self.notes["autonorm_file"] = getattr(autonorm, "__file__", None) or "?"
         except Exception as exc:  # noqa: BLE001
-            self.unavailable["autonorm"] = _short(exc)
+            self._autonorm_unavailable(_short(exc))
             return
         try:
             self._autonorm = getattr(autonorm, entry)  # lazy attribute: imports autonorm.dispatch
@@ -530,7 +626,13 @@ class Impls:
         if errors:
             self.notes["autonorm_import"] = "; ".join(errors)
         if self._autonorm is None and self._autonorm_torch is None:
-            self.unavailable["autonorm"] = "; ".join(errors)
+            self._autonorm_unavailable("; ".join(errors))
+
+    def _autonorm_unavailable(self, why: str) -> None:
+        """Mark autonorm's forms that were asked for (functional, in place) unavailable."""
+        for name in ("autonorm", *IN_PLACE_IMPLS):
+            if name in self.names:
+                self.unavailable.setdefault(name, why)
 
     def _setup_compile(self) -> None:
         torch = self.torch
@@ -594,37 +696,59 @@ class Impls:
 
     # -- factories: return (fn, info); fn() computes y from the bound inputs -----------------
 
-    def make(self, impl: str, shape: Shape, x, w, b, eps: float):
+    def make(self, impl: str, shape: Shape, x, w, b, eps: float, r=None):
+        """Return (fn, info): fn() computes the op's outputs from the bound inputs.
+
+        ``r`` is the residual of an op with one (None otherwise).
+        """
         if impl in self.unavailable:
             raise Unavailable(self.unavailable[impl])
         if impl == "eager":
-            return self.op.eager(self.F, shape, x, w, b, eps), {}
+            return self.op.eager(self.F, shape, x, w, b, eps, r), {}
         if impl == "compile":
             cfn = self._compiled[shape.dtype]
-            return (lambda: cfn(x, w, b, eps)), {}
+            return (lambda: cfn(x, w, b, eps, r)), {}
         if impl == "triton":
             tfn = self._triton_ln
             return (lambda: tfn(x, w, b, eps)), {}
         if impl == "liger":
-            return self.op.liger_call(self._liger, x, w, b, eps), {}
+            return self.op.liger_call(self._liger, x, w, b, eps, r), {}
         if impl == "autonorm":
-            return self._make_autonorm(x, w, b, eps)
+            return self._make_autonorm(x, w, b, eps, r)
+        if impl in IN_PLACE_IMPLS:
+            return self._make_autonorm(x, w, b, eps, r, in_place=True)
         raise ValueError(impl)
 
-    def _make_autonorm(self, x, w, b, eps: float):
+    def _make_autonorm(self, x, w, b, eps: float, r=None, in_place: bool = False):
         """Find a way in that works, in this order, and say which one ran (``path``).
 
         ``torch``: ``autonorm.layer_norm`` (``rms_norm``: the op's function) on the torch
         tensors; ``autonorm.torch``: ``autonorm.torch.layer_norm`` on them; ``dlpack``:
         ``autonorm.layer_norm`` on CuPy views (``cupy.from_dlpack``) run on torch's current
         stream, result back through DLPack.
+
+        ``in_place`` (the op's ``in_place_call``) runs on copies of x and the residual, which
+        every launch overwrites: the other implementations keep reading the originals. The
+        copies are restored after the probe, so the first call after this (the check) sees
+        the inputs every other implementation saw.
         """
         torch = self.torch
         an, an_torch = self._autonorm, self._autonorm_torch
-        bind = self.op.autonorm_call
+        bind = self.op.in_place_call if in_place else self.op.autonorm_call
+
+        def restore() -> None:
+            pass
+
+        if in_place:
+            x_in, r_in = x, r
+            x, r = x_in.clone(), r_in.clone()
+
+            def restore() -> None:
+                x.copy_(x_in)
+                r.copy_(r_in)
 
         def on_torch(fn):
-            call = bind(fn, x, w, b, eps)
+            call = bind(fn, x, w, b, eps, r)
             return lambda: _as_torch(call())
 
         # (path, builder); a builder returns the callable to time.
@@ -634,7 +758,7 @@ class Impls:
         if an_torch is not None:
             candidates.append(("autonorm.torch", lambda: on_torch(an_torch)))
         if an is not None:
-            candidates.append(("dlpack", lambda: self._dlpack_fn(an, x, w, b, eps)))
+            candidates.append(("dlpack", lambda: self._dlpack_fn(bind, an, x, w, b, eps, r)))
         info: dict = {}
         failures = []
         for path, build in candidates:
@@ -647,23 +771,27 @@ class Impls:
                 failures.append(f"{path} path: {_short(exc, 200)}")
                 _sync_quietly()
                 continue
+            restore()  # a failed path's partial writes are undone here too
             info["path"] = path
+            if in_place:
+                info["restore"] = restore  # run_shape takes it out: not a record field
             info["probe_s"] = time.perf_counter() - t0
             if failures:
                 info["failed_paths"] = "; ".join(failures)
             return fn, info
         raise RuntimeError("; ".join(failures) or "no autonorm entry point")
 
-    def _dlpack_fn(self, an, x, w, b, eps: float):
-        """Return a callable running ``an`` on CuPy views of the torch tensors."""
+    def _dlpack_fn(self, bind, an, x, w, b, eps: float, r=None):
+        """Return a callable running ``an`` (bound by ``bind``) on CuPy views of the tensors."""
         torch = self.torch
         import cupy
 
         from autonorm.runtime.driver import wrap_stream
 
-        xc, wc = cupy.from_dlpack(x), cupy.from_dlpack(w)
-        bc = None if b is None else cupy.from_dlpack(b)
-        call = self.op.autonorm_call(an, xc, wc, bc, eps)
+        def view(t):
+            return None if t is None else cupy.from_dlpack(t)
+
+        call = bind(an, view(x), view(w), view(b), eps, view(r))
 
         def dlpack_path():
             # Run on torch's current stream so do_bench events and graph capture see the work.
@@ -769,12 +897,15 @@ def summarize_ms(times: list[float]) -> tuple[float, float, float]:
     return q(0.5), q(0.2), q(0.8)
 
 
-def flushed_ms(fn, flush: str) -> tuple[float, float, float]:
+def flushed_ms(fn, flush: str, restore=None) -> tuple[float, float, float]:
     """Time single launches of ``fn``, each after a flush of the L2; (median, p20, p80) in ms.
 
     Args:
         fn: the launch to time (already called once, so compiled and loaded).
         flush: ``"read"`` or ``"zero"``, see ``flush_launch``.
+        restore: called before each timed launch's flush, or None: puts back the inputs an
+            in-place form overwrote, so every timed launch runs on the inputs that were checked
+            (the flush then evicts what it wrote, before the start event).
 
     Returns:
         Median, 20th and 80th percentile of the per-launch event times, in ms.
@@ -789,6 +920,8 @@ def flushed_ms(fn, flush: str) -> tuple[float, float, float]:
 
     def timed(pairs: list) -> None:
         for a, b in pairs:
+            if restore is not None:
+                restore()
             pre()
             a.record()
             fn()
@@ -876,6 +1009,47 @@ def rel_error(y, ref, ref_norm) -> float:
     return float(d.norm() / ref_norm)
 
 
+def check_outputs(rec: dict, out, refs: tuple, ref_norms: tuple) -> None:
+    """Set ``rec``'s errors and status from an implementation's outputs.
+
+    Args:
+        rec: the record, its ``tol`` set.
+        out: y, or ``(y, h)`` for the fused add.
+        refs: the float64 references, ``(y,)`` or ``(y, h)``.
+        ref_norms: their L2 norms.
+
+    ``rel_err`` is y's relative L2 error; with h also ``h_rel_err`` and ``h_max_abs_err``, the
+    largest absolute difference from the rounded float64 sum (0 for a correctly rounded sum).
+    The status is ok where every relative error is within the tolerance, else WRONG.
+    """
+    import torch
+
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != len(refs):
+        raise ValueError(f"{len(outs)} outputs, expected {len(refs)}")
+    rec["out_dtype"] = str(outs[0].dtype).replace("torch.", "")
+    rec["rel_err"] = rel_error(outs[0], refs[0], ref_norms[0])
+    errors = [rec["rel_err"]]
+    if len(refs) > 1:
+        h, h_ref = outs[1], refs[1]
+        rec["h_rel_err"] = rel_error(h, h_ref, ref_norms[1])
+        rec["h_max_abs_err"] = float((h.reshape(h_ref.shape).to(torch.float64) - h_ref)
+                                     .abs().max())
+        errors.append(rec["h_rel_err"])
+    ok = all(math.isfinite(e) and e <= rec["tol"] for e in errors)
+    rec["status"] = "ok" if ok else "WRONG"
+
+
+def largest_magnitude(out) -> float:
+    """The largest |value| in the outputs; inf where one is not finite (NaN included)."""
+    import torch
+
+    outs = out if isinstance(out, tuple) else (out,)
+    if not all(bool(torch.isfinite(t).all()) for t in outs):
+        return math.inf
+    return max(float(t.abs().max()) for t in outs)
+
+
 def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> list[dict]:
     import torch
 
@@ -886,43 +1060,31 @@ def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> l
     x = torch.randn(shape.rows, shape.hidden, device=DEVICE, dtype=dtype)
     w = (1.0 + 0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype)
     b = (0.1 * torch.randn(shape.hidden, device=DEVICE)).to(dtype) if op.has_bias else None
-    ref = op.reference(impls.F, shape, x, w, b, EPS)
-    ref_norm = ref.norm()
+    r = torch.randn(shape.rows, shape.hidden, device=DEVICE, dtype=dtype) if (
+        op.has_residual) else None
+    ref = op.reference(impls.F, shape, x, w, b, EPS, r)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    ref_norms = tuple(t.norm() for t in refs)
     for impl in names:
         rec = new_record(shape, impl)
         try:
-            fn, info = impls.make(impl, shape, x, w, b, EPS)
+            fn, info = impls.make(impl, shape, x, w, b, EPS, r)
+            restore = info.pop("restore", None)  # the in-place form's: puts its inputs back
             rec.update(info)
             t0 = time.perf_counter()
-            y = _as_torch(fn())
+            out = _as_torch(fn())
             torch.cuda.synchronize()
             rec["first_call_s"] = time.perf_counter() - t0
-            rec["out_dtype"] = str(y.dtype).replace("torch.", "")
-            err = rel_error(y, ref, ref_norm)
-            del y
-            rec["rel_err"] = err
-            ok = math.isfinite(err) and err <= rec["tol"]
-            rec["status"] = "ok" if ok else "WRONG"
+            check_outputs(rec, out, refs, ref_norms)
+            del out
             if shape.suite == "latency":
-                ms, p20, p80 = bench_ms(fn)
-                rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
-                try:
-                    g, _, _ = graph_ms(fn)
-                    rec["graph_us"] = g * 1e3
-                except Exception as exc:  # noqa: BLE001
-                    rec["graph_error"] = _short(exc)
-                    _sync_quietly()
-                try:
-                    rec["host_us"] = host_us(fn)
-                except Exception as exc:  # noqa: BLE001
-                    rec["host_error"] = _short(exc)
-                    _sync_quietly()
+                measure_latency(rec, shape, fn, restore)
             else:
                 # Both flushes back to back, so drift between them stays small: the read flush
                 # is the primary number, the zeroing one compares with do_bench-era runs.
-                ms, p20, p80 = flushed_ms(fn, "read")
+                ms, p20, p80 = flushed_ms(fn, "read", restore)
                 rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
-                mz, z20, z80 = flushed_ms(fn, "zero")
+                mz, z20, z80 = flushed_ms(fn, "zero", restore)
                 rec.update(ms_zero=mz, ms_zero_p20=z20, ms_zero_p80=z80,
                            gbps_zero=gbps_of(shape.bytes, mz))
         except Unavailable as exc:
@@ -936,9 +1098,46 @@ def run_shape(shape: Shape, impls: Impls, names: list[str], seed: int, log) -> l
             _sync_quietly()
         recs.append(rec)
         log(progress_line(rec))
-    del x, w, b, ref
+    del x, w, b, r, ref, refs
     torch.cuda.empty_cache()
     return recs
+
+
+def measure_latency(rec: dict, shape: Shape, fn, restore=None) -> None:
+    """Time ``fn`` by do_bench, CUDA-graph replay and host time into ``rec``.
+
+    Each of the three launches ``fn`` back to back, so an in-place form (``restore`` given)
+    runs on its own last outputs there: each launch adds the last y to the last h. Its inputs
+    are put back before each of the three, and the largest |x| or |residual| after them is
+    recorded (``max_abs_after_timing``; ``finite_after_timing``). In fp16 they overflow after
+    some thousands of launches; the timing does not depend on the values.
+    """
+    peaks: list[float] = []
+
+    def measured(measure):
+        if restore is not None:
+            restore()
+        result = measure(fn)
+        if restore is not None:
+            peaks.append(largest_magnitude(_as_torch(fn())))
+        return result
+
+    ms, p20, p80 = measured(bench_ms)
+    rec.update(ms=ms, ms_p20=p20, ms_p80=p80, gbps=gbps_of(shape.bytes, ms))
+    try:
+        g, _, _ = measured(graph_ms)
+        rec["graph_us"] = g * 1e3
+    except Exception as exc:  # noqa: BLE001
+        rec["graph_error"] = _short(exc)
+        _sync_quietly()
+    try:
+        rec["host_us"] = measured(host_us)
+    except Exception as exc:  # noqa: BLE001
+        rec["host_error"] = _short(exc)
+        _sync_quietly()
+    if peaks:
+        rec["max_abs_after_timing"] = max(peaks)
+        rec["finite_after_timing"] = math.isfinite(max(peaks))
 
 
 def _sync_quietly() -> None:
@@ -955,6 +1154,9 @@ def progress_line(r: dict) -> str:
     if r["status"] in ("error", "unavailable", "skipped"):
         return f"{head} {r['status'].upper()}: {r.get('error')}"
     parts = [f"{r['status']:5s}", f"err={_fmt(r['rel_err'], '.1e')}"]
+    if "h_rel_err" in r:
+        parts.append(f"h err={_fmt(r['h_rel_err'], '.1e')} "
+                     f"max|dh|={_fmt(r['h_max_abs_err'], '.1e')}")
     if r["ms"] is not None:
         parts.append(f"{r['ms'] * 1e3:9.1f} us")
     if r["gbps"] is not None:
@@ -969,6 +1171,9 @@ def progress_line(r: dict) -> str:
         parts.append(f"path={r['path']}")
     if r.get("first_call_s") is not None and r["first_call_s"] > 1.0:
         parts.append(f"first call {r['first_call_s']:.1f} s")
+    if "finite_after_timing" in r:
+        parts.append(f"max |x|, |r| after timing {_fmt(r['max_abs_after_timing'], '.3g')}"
+                     + ("" if r["finite_after_timing"] else " NOT FINITE"))
     return f"{head} " + "  ".join(parts)
 
 
@@ -1148,12 +1353,43 @@ def copy_lines(copy: dict) -> list[str]:
     return lines
 
 
+def residual_lines(records: list[dict]) -> list[str]:
+    """The fused add's h check per implementation and how far the in-place form's values grew.
+
+    Nothing for ops without a residual.
+    """
+    checked = [r for r in records if r.get("h_max_abs_err") is not None]
+    if not checked:
+        return []
+    cells = []
+    for impl in (i for i in ALL_IMPLS if any(r["impl"] == i for r in checked)):
+        diffs = [r["h_max_abs_err"] for r in checked if r["impl"] == impl]
+        worst = math.inf if any(math.isnan(d) for d in diffs) else max(diffs)  # NaN: an h with NaN
+        exact = sum(d == 0 for d in diffs)
+        cells.append(f"{impl} {worst:.2g} ({exact}/{len(diffs)} shapes exact)")
+    lines = ["h = x + residual: largest |h - the float64 sum rounded to the dtype| over the "
+             "shapes: " + "; ".join(cells)]
+    grown = [r for r in records if "finite_after_timing" in r]
+    if grown:
+        peak = max((r["max_abs_after_timing"] for r in grown if r["finite_after_timing"]),
+                   default=None)
+        bad = [f"{r['dtype']} rows={r['rows']}" for r in grown if not r["finite_after_timing"]]
+        lines.append("in place: inputs put back before each timed launch (sweep, llm) and each "
+                     "latency measurement, which launches back to back; largest |x|, |residual| "
+                     f"after one: {_fmt(peak, '.3g')}, "
+                     + (f"NOT FINITE at {', '.join(bad)} (the timing does not depend on the "
+                        "values)" if bad else "finite at every shape"))
+    return lines
+
+
 def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool) -> None:
     bad = [r for r in records if r["status"] in ("error", "WRONG")]
     if bad:
         print("\nProblems (full text and tracebacks in peers.json):")
         for r in bad[:MAX_PROBLEM_LINES]:
             extra = f"rel_err={_fmt(r['rel_err'], '.2e')} tol={r['tol']:.0e}"
+            if "h_rel_err" in r:
+                extra += f" h_rel_err={_fmt(r['h_rel_err'], '.2e')}"
             msg = r["error"] if r["status"] == "error" else extra
             print(f"  {r['impl']:8s} {r['suite']} {r['dtype']} h={r['hidden']} rows={r['rows']}: "
                   f"{r['status']}: {msg}")
@@ -1162,7 +1398,8 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
     unavailable = {r["impl"]: r["error"] for r in records if r["status"] == "unavailable"}
     for impl, why in unavailable.items():
         print(f"  {impl} unavailable: {why}")
-    paths = sorted({r["path"] for r in records if r["impl"] == "autonorm" and r.get("path")})
+    paths = sorted({r["path"] for r in records
+                    if r["impl"] in ("autonorm", *IN_PLACE_IMPLS) and r.get("path")})
     copy = meta.get("copy", {})
     print()
     print(f"device: {meta.get('device')}  torch {meta.get('torch')}  triton {meta.get('triton')}"
@@ -1171,6 +1408,8 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
         print(line)
     if paths:
         print(f"autonorm called through: {', '.join(paths)}")
+    for line in residual_lines(records):
+        print(line)
     print(f"wrote {meta.get('json_path')} and {meta.get('png_path') or '(no plot)'}")
     print()
     op = meta.get("op", DEFAULT_OP)
@@ -1228,7 +1467,6 @@ def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) ->
         return "no sweep measurement with a share to plot"
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 5.0), squeeze=False,
                              sharey=True)
-    colors = {name: f"C{i}" for i, name in enumerate(ALL_IMPLS)}
     handles: dict[str, object] = {}
     top = 100.0
     for ax, dt in zip(axes[0], dtypes, strict=True):
@@ -1239,9 +1477,10 @@ def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) ->
             if not pts:
                 continue
             top = max(top, *(p[1] for p in pts))
-            lw = 2.6 if name == "autonorm" else 1.4
+            lw = 2.6 if name in ("autonorm", *IN_PLACE_IMPLS) else 1.4
+            ls = "--" if name in IN_PLACE_IMPLS else "-"
             (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, lw=lw,
-                              color=colors.get(name), label=name)
+                              ls=ls, color=COLORS.get(name), label=name)
             handles.setdefault(name, line)
             wrong = [p for p in pts if p[2] == "WRONG"]
             if wrong:
@@ -1287,6 +1526,8 @@ def write_plot(path: Path, meta: dict, records: list[dict], names: list[str]) ->
 def collect_meta(args: argparse.Namespace) -> dict:
     import torch
 
+    op = OPS[args.op]
+    copied = "x and the residual" if op.has_residual else "x"
     meta: dict = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv,
@@ -1316,8 +1557,9 @@ def collect_meta(args: argparse.Namespace) -> dict:
             "graph": f"triton.testing.do_bench_cudagraph rep={GRAPH_REP_MS} (L2 not flushed)",
             "host": f"wall time of {HOST_CALLS} back-to-back calls after a sync, median of "
                     f"{HOST_REPEATS}",
-            "bytes": f"rows*hidden*itemsize*2 + {OPS[args.op].vectors}*hidden*itemsize",
-            "share": "GB/s over the GB/s of a device-to-device copy of the same bytes as x "
+            "bytes": f"rows*hidden*itemsize*{op.row_streams} + {op.vectors}*hidden*itemsize",
+            "share": "GB/s over the GB/s of a device-to-device copy of the same bytes as "
+                     f"{copied} "
                      f"(rounded to {COPY_ROUND // 2**20} MiB; bytes moved = 2 x buffer), timed "
                      "under the same flush in the same run (larger of start and end). Latency "
                      f"suite: over the fixed {COPY_BYTES // 2**20} MiB copy, zeroing flush",
@@ -1483,7 +1725,11 @@ def synthetic_records(shapes: list[Shape], names: list[str],
                        gbps=gbps_of(shape.bytes, ms), first_call_s=rng.uniform(0.01, 3.0),
                        out_dtype=shape.dtype)
             rec["status"] = "ok" if (math.isfinite(err) and err <= rec["tol"]) else "WRONG"
-            if impl == "autonorm":
+            if OPS[shape.op].has_residual:  # a sum rounded once: h exact
+                rec.update(h_rel_err=0.0, h_max_abs_err=0.0)
+            if impl in IN_PLACE_IMPLS and shape.suite == "latency":
+                rec.update(max_abs_after_timing=rng.uniform(50.0, 500.0), finite_after_timing=True)
+            if impl in ("autonorm", *IN_PLACE_IMPLS):
                 rec["path"] = "torch" if si % 2 else "dlpack"
             records.append(rec)
     return records
@@ -1498,7 +1744,8 @@ def selftest(args: argparse.Namespace) -> int:
     assert a.dtypes == ["fp16"] and a.hidden == [512, 768] and a.impls == ["eager", "autonorm"]
     assert [s.suite for s in build_shapes(a)] == ["llm", "llm", "sweep", "sweep"]
     for bad in (["--dtypes", "fp8"], ["--hidden", "x"], ["--impls", "cudnn"], ["--suites", ""],
-                ["--op", "group_norm"], ["--op", "rms_norm", "--impls", "eager,triton"]):
+                ["--op", "group_norm"], ["--op", "rms_norm", "--impls", "eager,triton"],
+                ["--impls", "autonorm-inplace"], ["--op", "add_rms_norm", "--impls", "triton"]):
         try:
             with contextlib.redirect_stderr(io.StringIO()):
                 parse_args(bad)
@@ -1525,9 +1772,21 @@ def selftest(args: argparse.Namespace) -> int:
         2**26 * 4 * 2 + 4096 * 4)
     assert new_record(Shape("llm", "bf16", 4096, 4096, "rms_norm"), "eager")["op"] == "rms_norm"
     assert "op" not in new_record(s, "eager")  # LayerNorm records are as they always were
+    # Fused add + RMSNorm: x and the residual read and y and h written once, the weight read
+    # once; its share is over a copy of x's and the residual's bytes (the same bytes moved).
+    f = parse_args(["--op", "add_rms_norm", "--quick", "--selftest"])
+    assert f.impls == ["autonorm", "autonorm-inplace", "eager", "compile", "liger"], f.impls
+    fused = Shape("sweep", "bf16", 4096, 2**26 // 4096, "add_rms_norm")
+    assert fused.bytes == 2**26 * 2 * 4 + 4096 * 2, fused.bytes
+    assert fused.copy_bytes == 2 * Shape("sweep", "bf16", 4096, 2**26 // 4096).copy_bytes == 2**28
+    fused_rec = new_record(fused, "autonorm-inplace")
+    assert fused_rec["op"] == "add_rms_norm" and fused_rec["h_max_abs_err"] is None, fused_rec
+    assert "h_rel_err" not in new_record(s, "eager")
     for name, op in OPS.items():
         assert op.impls == tuple(i for i in ALL_IMPLS if i in op.impls), name
         assert "autonorm" in op.impls and op.vectors == 1 + op.has_bias, name
+        assert op.row_streams == 2 + 2 * op.has_residual, name
+        assert (op.in_place_call is not None) == any(i in IN_PLACE_IMPLS for i in op.impls), name
     assert abs(gbps_of(10**9, 1.0) - 1000.0) < 1e-9
 
     # Timing-helper plumbing with fake benchmark functions of each signature.
@@ -1588,6 +1847,8 @@ def selftest(args: argparse.Namespace) -> int:
         or "triton" not in names
     assert all(m["share"] is not None for m in loaded["measurements"]
                if m["suite"] != "latency" and m["status"] == "ok")
+    residual = OPS[args.op].has_residual
+    assert all(("h_max_abs_err" in m) == residual for m in loaded["measurements"])
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         print_summary(meta, records, names, plain=True)
@@ -1598,6 +1859,12 @@ def selftest(args: argparse.Namespace) -> int:
                        "read flush", "zero flush", "(fixed reference)",
                        f"{OPS[args.op].title}: GB/s and % of copy bandwidth"):
             assert needle in summary, needle
+    if residual:
+        assert "h = x + residual: largest |h - the float64 sum" in summary
+        assert ("in place: inputs put back before each timed launch" in summary) == (
+            any(i in IN_PLACE_IMPLS for i in names) and any(sh.suite == "latency" for sh in shapes))
+    else:
+        assert "h = x + residual" not in summary
     print_summary(meta, records, names, plain=args.plain)
     of = "" if args.op == DEFAULT_OP else f" of {args.op}"
     print(f"selftest ok: {len(records)} synthetic rows{of}; files in {out}")
