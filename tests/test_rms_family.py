@@ -107,6 +107,9 @@ def test_neighbours_lend_only_within_the_same_weight_form():
         np.log2(4096 / 3000))
     assert FAMILY.neighbour_distance(p, Problem(4096, "bf16", weight_offset=True)) is None
     assert FAMILY.neighbour_distance(p, Problem(4096, "fp16")) is None
+    assert FAMILY.neighbour_distance(p, Problem(4096, "bf16", residual=True)) is None
+    assert FAMILY.neighbour_distance(Problem(3000, "bf16", residual=True),
+                                     Problem(4096, "bf16", residual=True)) is not None
     assert FAMILY.neighbour_distance(p, Problem(8192, "bf16")) is None
 
 

@@ -29,17 +29,18 @@ class RMSNormFamily(LayerNormFamily):
     legacy_versions: frozenset[str] = frozenset()
 
     def problem(self, **fields: Any) -> Problem:
-        """Build a problem from its fields (hidden, dtype, has_weight, weight_offset)."""
+        """Build a problem from its fields (hidden, dtype, has_weight, weight_offset, residual)."""
         return Problem(**fields)
 
     def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
         """Return how far ``other``'s winners are from ``problem`` in octaves, or None.
 
-        Problems with the same dtype and weight form lend their winners across hidden sizes
-        less than :data:`~autonorm.ops.layer_norm.family.NEIGHBOUR_MAX_RATIO` apart.
+        Problems with the same dtype, weight form and residual add (which moves twice the
+        bytes, through other caches) lend their winners across hidden sizes less than
+        :data:`~autonorm.ops.layer_norm.family.NEIGHBOUR_MAX_RATIO` apart.
         """
-        same = (problem.dtype, problem.has_weight, problem.weight_offset)
-        if (other.dtype, other.has_weight, other.weight_offset) != same:
+        same = (problem.dtype, problem.has_weight, problem.weight_offset, problem.residual)
+        if (other.dtype, other.has_weight, other.weight_offset, other.residual) != same:
             return None
         distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
         return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
