@@ -1,6 +1,6 @@
 """Tune a grid of shapes into one tuning database: how ``tuning_db/autonorm.db`` is built.
 
-Runs on a GPU. Every (dtype, hidden size, row count) of the grid goes through
+Runs on a GPU. Every (op, dtype, hidden size, row count) of the grid goes through
 :func:`autonorm.tune.session.tune_and_store`, the path ``autonorm tune`` takes: the search
 runs with crash isolation, every trial is recorded, and each winner is stored with the digest
 of its kernel. Re-running resumes each shape's study. At the end the database is checkpointed
@@ -10,10 +10,14 @@ Example (the shipped grid, written to a fresh file)::
 
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
 
-``--models tuning_db/models.json`` tunes the hidden sizes of the LayerNorm models listed there
-(each size once) at a decode and a prefill row count instead; ``--skip-stored`` passes over
-shapes the database already has a usable winner for, and ``--snapshot`` writes the standalone
-file that ships (docs/tuning.md, "Shipping the shapes of widely used models").
+``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm`` and ``add_rms_norm``
+(RMSNorm after the fused residual add). ``--models tuning_db/models.json`` tunes the hidden
+sizes of the models listed there (each size once; a LayerNorm model's for ``layer_norm``, an
+RMSNorm model's for the RMSNorm ops) at a decode and a prefill row count instead;
+``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
+``--skip-stored`` passes over shapes the database already has a usable winner for,
+``--snapshot`` writes the standalone file that ships, and ``--plan`` lists the shapes without
+a GPU (docs/tuning.md, "Shipping the shapes of widely used models").
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 
 from autonorm import settings
 from autonorm.dtypes import normalize_dtype
 from autonorm.ops import registry
+from autonorm.ops.base import rows_bucket
 from autonorm.runtime.device import query_device
 from autonorm.runtime.limits import DeviceLimits
 from autonorm.store.db import TuningDB, TuningKey
@@ -44,8 +49,38 @@ DEFAULT_HIDDEN = "768,1024,2048,4096,8192,12288,16384,32768,65536"
 # prefill bucket (2049-4096 rows: a prompt's tokens). Lookup serves other row counts from the
 # nearest tuned bucket (docs/tuning.md).
 MODEL_ROWS = "64,4096"
+# The --rows entry that stands for the benchmark grid's row count, elements // hidden.
+GRID_ROWS = "grid"
 NORMS = ("layer_norm", "rms_norm")
 MODEL_FIELDS = ("name", "hidden", "norm", "eps", "source")
+
+
+class GridOp(NamedTuple):
+    """An op of the grid: its kernel family, the problem fields it fixes, the models it serves."""
+
+    family: str
+    fields: dict[str, Any]
+    norm: str  # models.json's norm whose hidden sizes --models tunes for it
+
+
+# RMSNorm as most models run it: a weight that scales as is. Gemma's 1 + weight is a problem of
+# its own (weight_offset), left to `autonorm tune --weight-offset`.
+OPS = {
+    "layer_norm": GridOp("layer_norm", {}, "layer_norm"),
+    "rms_norm": GridOp("rms_norm", {"has_weight": True, "weight_offset": False,
+                                    "residual": False}, "rms_norm"),
+    "add_rms_norm": GridOp("rms_norm", {"has_weight": True, "weight_offset": False,
+                                        "residual": True}, "rms_norm"),
+}
+
+
+class Shape(NamedTuple):
+    """One shape of the grid: an op of :data:`OPS` at a dtype, hidden size and row count."""
+
+    op: str
+    dtype: str
+    hidden: int
+    rows: int
 
 
 def load_models(path: Path) -> list[dict]:
@@ -79,9 +114,16 @@ def load_models(path: Path) -> list[dict]:
     return models
 
 
-def layer_norm_hidden_sizes(models: list[dict]) -> list[int]:
-    """Return the LayerNorm models' hidden sizes, each once, smallest first."""
-    return sorted({m["hidden"] for m in models if m["norm"] == "layer_norm"})
+def norm_hidden_sizes(models: list[dict], norm: str = "layer_norm") -> list[int]:
+    """Return the hidden sizes of the models of ``norm``, each once, smallest first."""
+    return sorted({m["hidden"] for m in models if m["norm"] == norm})
+
+
+def problem_of(shape: Shape) -> Any:
+    """Return the problem a shape tunes (its family's :class:`~autonorm.ops.base.Problem`)."""
+    grid_op = OPS[shape.op]
+    family = registry.get(grid_op.family)
+    return family.problem(hidden=shape.hidden, dtype=shape.dtype, **grid_op.fields)
 
 
 def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:
@@ -95,15 +137,39 @@ def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int
     return values
 
 
+def _rows_list(text: str, parser: argparse.ArgumentParser) -> list[int | None]:
+    """Parse ``--rows``: positive integers and ``grid`` (None: elements // hidden)."""
+    entries = [v.strip() for v in text.split(",") if v.strip()]
+    try:
+        values = [None if v == GRID_ROWS else int(v) for v in entries]
+    except ValueError:
+        values = []
+    if not values or any(v is not None and v < 1 for v in values):
+        parser.error(f"--rows: give comma-separated positive integers or {GRID_ROWS}, "
+                     f"got {text!r}")
+    return values
+
+
+def _op_list(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Parse ``--ops`` (each op once, in the order given), or exit with an error naming it."""
+    ops = list(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        parser.error(f"--ops: give a comma list of {', '.join(OPS)}, got {text!r}")
+    return ops
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
         prog="tune_grid.py",
-        description="Tune every (dtype, hidden size, row count) of a grid on this GPU and "
+        description="Tune every (op, dtype, hidden size, row count) of a grid on this GPU and "
         "store the winners in one tuning database (how the shipped database is built).",
     )
-    parser.add_argument("--op", default="layer_norm", choices=registry.known(),
-                        help="kernel family to tune (default: %(default)s)")
+    parser.add_argument("--ops", "--op", dest="ops", default="layer_norm",
+                        help=f"comma-separated norms to tune, one after another: "
+                        f"{', '.join(OPS)} (RMSNorm after the fused residual add) "
+                        "(default: %(default)s)")
     parser.add_argument("--dtypes", default="bf16,fp16,fp32",
                         help="comma-separated dtypes: bf16, fp16, fp32 or full names "
                         "(default: %(default)s)")
@@ -112,15 +178,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma-separated hidden sizes (default: {DEFAULT_HIDDEN})")
     shapes.add_argument("--models", type=Path, default=None,
                         help="a list of models' norm shapes (tuning_db/models.json): tune the "
-                        "hidden sizes of its layer_norm entries, each once, at rows "
-                        f"{MODEL_ROWS} (decode and prefill buckets) unless --rows is given")
+                        "hidden sizes of its entries of each op's norm (layer_norm or "
+                        f"rms_norm), each once, at rows {MODEL_ROWS} (decode and prefill "
+                        "buckets) unless --rows is given")
     parser.add_argument("--elements", type=int, default=1 << 26,
                         help="rows per shape are elements // hidden, the benchmark grid "
                         "(default: %(default)s = 2^26)")
     parser.add_argument("--rows", default="",
                         help="comma-separated row counts to tune at every hidden size instead "
                         "of elements // hidden (--models: instead of "
-                        f"{MODEL_ROWS}), e.g. 1,8,64,512 (latency buckets)")
+                        f"{MODEL_ROWS}), e.g. 1,8,64,512 (latency buckets); {GRID_ROWS} stands "
+                        f"for elements // hidden, e.g. {GRID_ROWS},64,4096; row counts of one "
+                        "power-of-two bucket share a winner and are tuned once")
     parser.add_argument("--trials", type=int, default=16,
                         help="candidates measured per shape (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=12.0,
@@ -145,20 +214,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="at the end, write the database's devices and winners (no trials) "
                         "to this file as one standalone file: the form tuning_db/autonorm.db "
                         "ships in")
+    parser.add_argument("--plan", action="store_true",
+                        help="list the shapes in tuning order and exit (no GPU needed)")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.timeout <= 0 or args.elements < 1:
         parser.error("--trials and --elements must be >= 1 and --timeout > 0")
+    args.op_names = _op_list(args.ops, parser)
     if args.models is not None:
         try:
-            args.hidden_sizes = layer_norm_hidden_sizes(load_models(args.models))
+            models = load_models(args.models)
         except (OSError, ValueError) as exc:
             parser.error(f"--models: {exc}")
-        if not args.hidden_sizes:
-            parser.error(f"--models: {args.models} lists no layer_norm model")
+        args.hidden_sizes = {op: norm_hidden_sizes(models, OPS[op].norm) for op in args.op_names}
+        for op, sizes in args.hidden_sizes.items():
+            if not sizes:
+                parser.error(f"--models: {args.models} lists no {OPS[op].norm} model")
     else:
-        args.hidden_sizes = _int_list(args.hidden or DEFAULT_HIDDEN, "--hidden", parser)
+        sizes = _int_list(args.hidden or DEFAULT_HIDDEN, "--hidden", parser)
+        args.hidden_sizes = {op: sizes for op in args.op_names}
     rows = args.rows or (MODEL_ROWS if args.models is not None else "")
-    args.row_counts = _int_list(rows, "--rows", parser) if rows else []
+    args.row_counts = _rows_list(rows, parser) if rows else []
     try:
         args.dtype_names = [normalize_dtype(d) for d in args.dtypes.split(",") if d.strip()]
     except ValueError as exc:  # normalize_dtype names the dtype it refuses
@@ -168,16 +243,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def grid(args: argparse.Namespace) -> list[tuple[str, int, int]]:
-    """Return the (dtype, hidden, rows) shapes of the grid, in tuning order."""
-    hiddens = args.hidden_sizes
-    fixed_rows = args.row_counts
-    return [
-        (dtype, hidden, rows)
-        for dtype in args.dtype_names
-        for hidden in hiddens
-        for rows in (fixed_rows or [max(1, args.elements // hidden)])
-    ]
+def grid(args: argparse.Namespace) -> list[Shape]:
+    """Return the shapes of the grid in tuning order: by op, dtype, hidden size, then rows.
+
+    A row count whose power-of-two bucket the shape already has is left out: one tuning key,
+    one winner (the first row count of a bucket is the one timed).
+    """
+    shapes: list[Shape] = []
+    keys: set[tuple[str, str, int, int]] = set()
+    for op in args.op_names:
+        for dtype in args.dtype_names:
+            for hidden in args.hidden_sizes[op]:
+                for given in args.row_counts or [None]:
+                    rows = given or max(1, args.elements // hidden)
+                    key = (op, dtype, hidden, rows_bucket(rows))
+                    if key not in keys:
+                        keys.add(key)
+                        shapes.append(Shape(op, dtype, hidden, rows))
+    return shapes
+
+
+def plan(args: argparse.Namespace) -> str:
+    """Return the listing ``--plan`` prints: one line a shape, then the count and search time."""
+    shapes = grid(args)
+    lines = [f"{s.op:12s} {s.dtype:9s} {s.hidden:6d} r{s.rows:<6d} "
+             f"(bucket {rows_bucket(s.rows)})" for s in shapes]
+    counts = ", ".join(f"{op} {sum(s.op == op for s in shapes)}" for op in args.op_names)
+    lines.append(f"{len(shapes)} shapes ({counts}): at most {len(shapes) * args.timeout:.0f} s "
+                 f"of search at --timeout {args.timeout:g} s a shape, plus compiles and finals")
+    return "\n".join(lines)
 
 
 def warm_gpu_evaluator(problem: Any, rows: int, limits: DeviceLimits) -> Any:
@@ -229,8 +323,10 @@ def checkpoint(path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Tune the grid; return the process exit code."""
     args = parse_args(argv)
+    if args.plan:
+        print(plan(args), flush=True)
+        return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    family = registry.get(args.op)
     info = query_device()
     tune_settings = TuneSettings(
         n_trials=args.trials, timeout_s=args.timeout, seed=args.seed,
@@ -240,11 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     factory = WarmIsolated(limits)
     db = TuningDB(args.db) if args.db is not None else TuningDB.open_user()
     path = db.path or settings.user_db_path()
-    print(f"tuning {args.op} on {info.name} into {path}", flush=True)
+    op = None
     try:
-        for dtype, hidden, rows in grid(args):
+        for shape in grid(args):
+            if shape.op != op:
+                op = shape.op
+                print(f"tuning {op} on {info.name} into {path}", flush=True)
             started = time.monotonic()
-            problem = family.problem(hidden=hidden, dtype=dtype)
+            dtype, hidden, rows = shape.dtype, shape.hidden, shape.rows
+            problem = problem_of(shape)
             key = TuningKey.for_problem(info.fingerprint, problem, rows)
             if args.skip_stored and incumbent_of(db, key, problem, limits) is not None:
                 print(f"{dtype:9s} {hidden:6d} r{rows:<6d} stored already: skipped", flush=True)

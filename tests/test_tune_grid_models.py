@@ -49,7 +49,7 @@ def test_the_list_holds_the_models_people_run(models):
 
 
 def test_the_layer_norm_sizes_are_each_listed_once(models):
-    sizes = tune_grid.layer_norm_hidden_sizes(models)
+    sizes = tune_grid.norm_hidden_sizes(models, "layer_norm")
     assert sizes == sorted(set(sizes))
     assert sizes == sorted({m["hidden"] for m in models if m["norm"] == "layer_norm"})
     rms_only = {m["hidden"] for m in models if m["norm"] == "rms_norm"} - set(sizes)
@@ -58,21 +58,25 @@ def test_the_layer_norm_sizes_are_each_listed_once(models):
 
 def test_models_expand_to_every_dtype_size_and_both_buckets(models):
     args = tune_grid.parse_args(["--models", str(MODELS)])
-    sizes = tune_grid.layer_norm_hidden_sizes(models)
-    assert tune_grid.grid(args) == [(d, h, r) for d in DTYPES for h in sizes for r in (64, 4096)]
+    sizes = tune_grid.norm_hidden_sizes(models, "layer_norm")
+    assert tune_grid.grid(args) == [
+        ("layer_norm", d, h, r) for d in DTYPES for h in sizes for r in (64, 4096)
+    ]
     assert len(tune_grid.grid(args)) == 3 * len(sizes) * 2
-    assert not {h for _, h, _ in tune_grid.grid(args)} & {3584, 7168, 896}
+    assert not {s.hidden for s in tune_grid.grid(args)} & {3584, 7168, 896}
 
 
 def test_models_take_rows_and_dtypes_from_the_flags(models):
     args = tune_grid.parse_args(["--models", str(MODELS), "--rows", "1,512", "--dtypes", "fp32"])
-    sizes = tune_grid.layer_norm_hidden_sizes(models)
-    assert tune_grid.grid(args) == [("float32", h, r) for h in sizes for r in (1, 512)]
+    sizes = tune_grid.norm_hidden_sizes(models, "layer_norm")
+    expected = [("layer_norm", "float32", h, r) for h in sizes for r in (1, 512)]
+    assert tune_grid.grid(args) == expected
 
 
 def test_without_models_the_grid_is_the_benchmark_grid():
     args = tune_grid.parse_args(["--dtypes", "bf16", "--hidden", "1024,4096"])
-    assert tune_grid.grid(args) == [("bfloat16", 1024, 65536), ("bfloat16", 4096, 16384)]
+    assert tune_grid.grid(args) == [("layer_norm", "bfloat16", 1024, 65536),
+                                    ("layer_norm", "bfloat16", 4096, 16384)]
     default = tune_grid.parse_args([])
     assert len(tune_grid.grid(default)) == 3 * 9
 
