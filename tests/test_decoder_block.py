@@ -22,31 +22,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402, N812
+from test_torch import gpu  # noqa: E402  (the torch tests' shared helpers)
 from torch import nn  # noqa: E402
 
 import autonorm.torch as at  # noqa: E402
 from autonorm.torch import forward  # noqa: E402
-
-
-def _gpu_ready() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, or a CuPy that cannot see the GPU
-        return False
-
-
-HAS_GPU = _gpu_ready()
-needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU, CUDA torch and CuPy")
-
-
-def gpu(fn):
-    """Mark a test as a GPU test that skips itself without one."""
-    return pytest.mark.gpu(needs_gpu(fn))
-
 
 # One shape for every test: on a GPU each distinct (dtype, hidden, weight form, rows bucket)
 # compiles a kernel, and BATCH * SEQ rows keep them all in one bucket.

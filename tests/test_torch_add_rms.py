@@ -18,6 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402, N812
+from test_torch import (  # noqa: E402  (the torch tests' shared helpers)
+    DTYPES,
+    GRAD_TOL,
+    TOL,
+    assert_rel,
+    gpu,
+)
 from torch import nn  # noqa: E402
 
 import autonorm.torch as at  # noqa: E402
@@ -30,35 +37,6 @@ from autonorm.errors import (  # noqa: E402
 from autonorm.numerics import measure_error  # noqa: E402
 from autonorm.torch import forward, residual_forward  # noqa: E402
 from autonorm.torch.checks import DTYPE_NAMES  # noqa: E402
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-def _gpu_ready() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, or a CuPy that cannot see the GPU
-        return False
-
-
-HAS_GPU = _gpu_ready()
-needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU, CUDA torch and CuPy")
-
-
-def gpu(fn):
-    """Mark a test as a GPU test that skips itself without one."""
-    return pytest.mark.gpu(needs_gpu(fn))
-
-
-def assert_rel(actual, expected, tol: float, what: str = "") -> None:
-    """Assert max|actual - expected| / max|expected| <= tol (normwise: robust near zeros)."""
-    a, e = actual.double(), expected.double()
-    err = (a - e).abs().max().item() / max(e.abs().max().item(), 1e-30)
-    assert err <= tol, f"{what} relative error {err:.3g} > {tol:.3g}"
 
 
 def rounded_sum(x, r):
@@ -618,12 +596,6 @@ def test_launch_path_validates_and_skips_empty_rows(fake_dispatch):
 # GPU
 # --------------------------------------------------------------------------------------------
 
-TOL = {
-    torch.float32: {"atol": 1e-5, "rtol": 1e-5},
-    torch.float16: {"atol": 2e-3, "rtol": 2e-3},
-    torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2},
-}
-GRAD_TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 # Each distinct (dtype, hidden, weight form) compiles a kernel: the tests share (4, 1001).
 HIDDEN = 1001
 
