@@ -26,7 +26,7 @@ from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKerne
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.codegen import code_version, template_environment
 from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.problem import Problem, RowProblem
 from autonorm.runtime import workspace
 
 HEADER_TEMPLATE = "export_launcher.h.j2"
@@ -110,7 +110,7 @@ def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     # exist from compute capability 9.0 on.
     min_cc = 90 if plan.cluster > 1 or plan.resident else None
     parameters: dict[str, Any] = {}
-    if _norm(kernel.problem) != "layer":
+    if kernel.problem.norm != "layer":
         listed = launcher_parameters(kernel.problem)
         parameters = {
             "parameters": [{"name": n, "type": t} for t, n in listed],
@@ -132,19 +132,14 @@ def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     }
 
 
-def _norm(problem: Problem) -> str:
-    """The problem's statistic: ``layer`` (mean and variance) or ``rms`` (mean of squares)."""
-    return getattr(problem, "norm", "layer")
-
-
-def _pointers(problem: Problem) -> tuple[list[str], list[str]]:
+def _pointers(problem: RowProblem) -> tuple[list[str], list[str]]:
     """The launcher's pointer parameters after x: the inputs (read), then the outputs."""
-    residual = getattr(problem, "residual", False)
+    residual = problem.residual
     inputs = ["residual"] * residual + ["weight"] * problem.has_weight + ["bias"] * problem.has_bias
     return inputs, ["y"] + ["h"] * residual
 
 
-def launcher_parameters(problem: Problem) -> list[tuple[str, str]]:
+def launcher_parameters(problem: RowProblem) -> list[tuple[str, str]]:
     """Return ``<basename>_forward``'s parameters as (C type, name) pairs, in order.
 
     ``<basename>_forward_ws`` takes ``unsigned int* workspace`` before ``stream``.
@@ -156,30 +151,30 @@ def launcher_parameters(problem: Problem) -> list[tuple[str, str]]:
             ("cudaStream_t", "stream")]
 
 
-def _kernel_args(problem: Problem) -> list[str]:
+def _kernel_args(problem: RowProblem) -> list[str]:
     """The kernel's arguments before its workspace, in the order of the family's launch ABI.
 
     x, (residual,) weight, bias, y, (h,) rows, eps: an absent weight or bias is a null pointer.
     """
-    residual = getattr(problem, "residual", False)
+    residual = problem.residual
     return (["x"] + ["residual"] * residual
             + ["weight" if problem.has_weight else "nullptr",
                "bias" if problem.has_bias else "nullptr", "y"]
             + ["h"] * residual + ["rows", "eps"])
 
 
-def _title(problem: Problem) -> str:
+def _title(problem: RowProblem) -> str:
     """What the export computes, in words (the first line of each file)."""
-    if _norm(problem) == "layer":
+    if problem.norm == "layer":
         return "LayerNorm forward"
     return "residual add + RMSNorm forward" if problem.residual else "RMSNorm forward"
 
 
-def _scale(problem: Problem) -> str:
+def _scale(problem: RowProblem) -> str:
     """The factor RMSNorm's formula ends with in the header: `` * weight`` and its forms."""
     if not problem.has_weight:
         return ""
-    return " * (1 + weight)" if getattr(problem, "weight_offset", False) else " * weight"
+    return " * (1 + weight)" if problem.weight_offset else " * weight"
 
 
 def _workspace_bytes(config: KernelConfig) -> int:
@@ -193,9 +188,9 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     return {
         "basename": basename,
         "title": _title(problem),
-        "rms": _norm(problem) == "rms",
-        "weight_offset": getattr(problem, "weight_offset", False),
-        "residual": getattr(problem, "residual", False),
+        "rms": problem.norm == "rms",
+        "weight_offset": problem.weight_offset,
+        "residual": problem.residual,
         "scale": _scale(problem),
         "inputs": inputs,
         "outputs": outputs,
