@@ -113,7 +113,7 @@ def verify(
         y = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)  # NaN + a guard row
         grid = kernel.plan.cluster if case.small_grid else None
         if problem.residual:
-            x, h_ref = _launch_residual(kernel, case, dtype, (w, b, y, eps), grid, xp, result)
+            x, h_ref = _launch_residual(kernel, case, dtype, w, b, y, eps, grid, xp, result)
         else:
             kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
             if hasattr(xp, "cuda"):
@@ -142,8 +142,8 @@ def verify(
 
 
 def _launch_residual(
-    kernel: Launchable, case: Case, dtype: str, wbye: tuple, grid: int | None, xp: Any,
-    result: VerifyResult,
+    kernel: Launchable, case: Case, dtype: str, w: Any, b: Any, y: Any, eps: float,
+    grid: int | None, xp: Any, result: VerifyResult,
 ) -> tuple[Any, Any]:
     """Launch a residual add on ``case``: x is split into a residual half and the rest.
 
@@ -153,7 +153,6 @@ def _launch_residual(
     float64 values of the expected h, which the reference normalizes.
     """
     rows, n = case.x.shape
-    w, b, y, eps = wbye
     residual = from_float64(xp.asarray(0.5 * case.x[::-1].copy()), dtype)  # other rows' halves
     part = from_float64(xp.asarray(case.x) - to_float64(residual, dtype), dtype)
     bits = y.dtype
