@@ -17,6 +17,7 @@ from autonorm.errors import AutonormError  # noqa: E402
 __all__ = [
     "AutonormError",
     "__version__",
+    "add_layer_norm",
     "add_rms_norm",
     "layer_norm",
     "rms_norm",
@@ -34,9 +35,13 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
 
         return rms_norm
     if name == "add_rms_norm":
-        from autonorm.api_rms import add_rms_norm
+        from autonorm.api_add import add_rms_norm
 
         return add_rms_norm
+    if name == "add_layer_norm":
+        from autonorm.api_add import add_layer_norm
+
+        return add_layer_norm
     if name == "tune_on_first_use":
         from autonorm.tune.first_use import tune_on_first_use
 

@@ -112,8 +112,9 @@ def tune_options(func: Any) -> Any:
                      help="Problems scaled by 1 + weight, Gemma's RMSNorm (rms_norm; a Gemma "
                           "config sets it)."),
         click.option("--residual/--no-residual", default=None,
-                     help="Problems that add a residual first and normalize the sum (rms_norm), "
-                          "or without it. Default: without, but a model's config plans both."),
+                     help="Problems that add a residual first and normalize the sum, or "
+                          "without it. Default: without, but a model's RMSNorm config plans "
+                          "both."),
         click.option("--rows", "rows", type=ListParam(click.IntRange(1, MAX_ROWS)),
                      multiple=True, metavar="N[,N...]",
                      help="Rows to tune for (each power-of-two bucket keys a winner). "

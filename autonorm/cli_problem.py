@@ -3,7 +3,7 @@
 ``--hidden`` and ``--dtype`` belong to every family; the flags (``--no-weight``, ``--no-bias``,
 ``--weight-offset``, ``--residual``) each set one field of a problem, and a family whose problem
 lacks that field refuses the flag in one line that says so (RMSNorm has no bias, LayerNorm no
-weight offset and no residual add) rather than failing inside the problem's constructor.
+weight offset) rather than failing inside the problem's constructor.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def problem_options(func: Any) -> Any:
                      help="Scale by 1 + weight, Gemma's RMSNorm (rms_norm)."),
         click.option("--residual", is_flag=True,
                      help="Add a residual first and normalize the sum, which the kernel stores "
-                          "too (rms_norm)."),
+                          "too."),
     ]
     for option in reversed(options):
         func = option(func)

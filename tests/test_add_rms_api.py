@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import autonorm
-from autonorm import api_rms
+from autonorm import api_add
 from autonorm.errors import DeviceMismatchError, InputError, ShapeError, UnsupportedDtypeError
 from autonorm.numerics import measure_error
 
@@ -61,7 +61,7 @@ ONES = np.ones(HIDDEN, np.float32)
 
 def test_add_rms_norm_is_in_the_public_api() -> None:
     assert "add_rms_norm" in autonorm.__all__
-    assert autonorm.add_rms_norm is api_rms.add_rms_norm
+    assert autonorm.add_rms_norm is api_add.add_rms_norm
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

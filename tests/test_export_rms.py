@@ -34,9 +34,10 @@ ADD_OFFSET = Problem(1000, "float32", weight_offset=True, residual=True)
 ADD_BARE = Problem(2048, "float16", has_weight=False, residual=True)
 ADD_SKEWED = Problem(1001, "bfloat16", residual=True)  # rows off 16-byte boundaries
 
-# Launch-plan features with the residual add: a cluster, a persistent grid and a kernel over
-# 48 KiB of shared memory (the residual add needs a register or shared-memory row cache).
+# Launch-plan features with the residual add: a cluster, a persistent grid, a kernel over
+# 48 KiB of shared memory and the bulk-copy kernel, whose tiles stage the residual too.
 ADD_CLUSTER = KernelConfig(256, 8, 1, "registers", "two_pass", 2, 0)
+ADD_BULK = KernelConfig(256, 8, 1, "bulk", "two_pass", 4, 0, stages=2)
 ADD_PERSISTENT = KernelConfig(256, 8, 1, "smem", "two_pass", 1, 2)
 ADD_BIG_SMEM = KernelConfig(1024, 8, 1, "smem", "two_pass", 1, 0)
 ADD_WIDE = Problem(16384, residual=True)
@@ -181,15 +182,19 @@ def test_a_layernorm_manifest_keeps_its_entries() -> None:
 
 @pytest.mark.parametrize(("config", "problem"), [(ADD_CLUSTER, ADD_WIDE),
                                                  (ADD_PERSISTENT, ADD_WIDE),
-                                                 (ADD_BIG_SMEM, ADD_HUGE)],
-                         ids=["cluster", "persistent", "big-smem"])
+                                                 (ADD_BIG_SMEM, ADD_HUGE),
+                                                 (ADD_BULK, ADD_HUGE)],
+                         ids=["cluster", "persistent", "big-smem", "bulk"])
 def test_residual_launch_plans_keep_their_features(config: KernelConfig,
                                                    problem: Problem) -> None:
     exported = _export(problem, config)
     source = exported.source
     assert FAMILY.check(config, problem, H200) == []
     assert ("__cluster_dims__(2, 1, 1)" in source) == (config.cluster == 2)
-    assert ("cudaDevAttrMultiProcessorCount" in source) == (config.blocks_per_sm > 0)
+    assert ("cp.async.bulk" in source) == (config.cache == "bulk")
+    # A persistent grid sizes itself by the SM count (the bulk kernel's always is one).
+    persistent = config.blocks_per_sm > 0 or config.cache == "bulk"
+    assert ("cudaDevAttrMultiProcessorCount" in source) == persistent
     big = smem_bytes(config, problem) > 48 * 1024
     assert ("cudaFuncAttributeMaxDynamicSharedMemorySize" in source) == big
     assert _call_args(source, exported.kernel.name)[:6] == ["x", "residual", "weight",
@@ -220,6 +225,7 @@ COMPILED = [
     pytest.param(ADD_BIG_SMEM, Problem(65536, "float16", has_weight=False, residual=True),
                  id="residual-noweight-big-smem"),
     pytest.param(ADD_CLUSTER, ADD_WIDE, id="residual-cluster"),
+    pytest.param(ADD_BULK, ADD_HUGE, id="residual-bulk"),
 ]
 
 

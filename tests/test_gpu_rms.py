@@ -137,7 +137,7 @@ def test_the_in_place_residual_add_gives_the_functional_bits(compiled, dtype: st
 
     limits = compiled.limits
     rng = __import__("numpy").random.default_rng(7)
-    for hidden in (4096, 4099):
+    for hidden in (4096, 4099, 16384):  # 16384 at 300 rows: the bulk-copy kernel
         problem = Problem(hidden, dtype, residual=True)
         for config in (FAMILY.default(problem, limits, 300),
                        KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 1, 0)):

@@ -135,7 +135,7 @@ def test_the_reference_sum_is_autonorms_correctly_rounded_sum(peers, name):
         expected = from_float64(exact, "bfloat16")
         np.testing.assert_array_equal(h.view(torch.int16).numpy().view(np.uint16), expected)
     else:
-        from autonorm.api_rms import rounded_sum
+        from autonorm.api_add import rounded_sum
 
         expected = rounded_sum(x.numpy(), r.numpy())
         np.testing.assert_array_equal(h.numpy(), expected)

@@ -211,8 +211,11 @@ def expand(
 
 
 def has_residual_add(op: str) -> bool:
-    """Whether ``op``'s problem has the fused residual add (a ``residual`` field).
+    """Whether a model's norms of ``op`` are planned after the fused residual add too.
 
+    That is where the op's problem has the add (a ``residual`` field) and says that inference
+    engines fuse it into the model's norms (its ``engines_fuse_residual``: RMSNorm's).
+    LayerNorm has the add for those who ask (``--residual``); a model's plan keeps it plain.
     False for an op that is not registered: the plan names it when its problem is built.
     """
     try:
@@ -220,7 +223,8 @@ def has_residual_add(op: str) -> bool:
     except KeyError:
         return False
     return (problem_type is not None and dataclasses.is_dataclass(problem_type)
-            and any(f.name == "residual" for f in dataclasses.fields(problem_type)))
+            and any(f.name == "residual" for f in dataclasses.fields(problem_type))
+            and bool(getattr(problem_type, "engines_fuse_residual", False)))
 
 
 def _dtype_of(config: dict[str, Any], where: str) -> str | None:

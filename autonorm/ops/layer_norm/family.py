@@ -28,6 +28,10 @@ from autonorm.runtime.limits import DeviceLimits
 # kernels never read: one list, so a launch never asks which kernel it has.
 KERNEL_ABI = KernelABI("QQQQif", rows_index=4, workspace=True)
 
+# The residual add's kernels (any norm of the row kernels) take x, residual, weight, bias, y, h,
+# rows, eps, then the workspace.
+RESIDUAL_ABI = KernelABI("QQQQQQif", rows_index=6, workspace=True)
+
 # A winner lends its configuration to hidden sizes less than this factor from its own (lookup's
 # neighbour step): a size between two tuned ones at most 2x apart is within sqrt(2) of one. A
 # winner carried twice as far gives each thread twice its tuned work (past the bulk kernel's 8
@@ -48,7 +52,7 @@ class LayerNormFamily:
     legacy_versions = frozenset({"0.1.0+96473fff10af"})
 
     def problem(self, **fields: Any) -> Problem:
-        """Build a problem from its fields (hidden, dtype, has_weight, has_bias)."""
+        """Build a problem from its fields (hidden, dtype, has_weight, has_bias, residual)."""
         return Problem(**fields)
 
     def config_from_dict(self, data: dict[str, Any]) -> KernelConfig:
@@ -104,11 +108,12 @@ class LayerNormFamily:
     def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
         """Return how far ``other``'s winners are from ``problem``, or None if they may not lend.
 
-        Problems of the same dtype and affine flags lend their winners across hidden sizes less
-        than :data:`NEIGHBOUR_MAX_RATIO` apart; the distance is the ratio's log2 (octaves).
+        Problems of the same dtype, affine flags and residual add (which moves twice the bytes,
+        through other caches) lend their winners across hidden sizes less than
+        :data:`NEIGHBOUR_MAX_RATIO` apart; the distance is the ratio's log2 (octaves).
         """
-        same = (problem.dtype, problem.has_weight, problem.has_bias)
-        if (other.dtype, other.has_weight, other.has_bias) != same:
+        same = (problem.dtype, problem.has_weight, problem.has_bias, problem.residual)
+        if (other.dtype, other.has_weight, other.has_bias, other.residual) != same:
             return None
         distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
         return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
@@ -128,13 +133,18 @@ class LayerNormFamily:
         return codegen.code_version()
 
     def bytes_moved(self, problem: Problem, rows: int) -> int:
-        """Return the bytes of x read and y written once, weight and bias read once."""
+        """Return the fewest bytes a launch moves.
+
+        x is read and y written once (with the residual add, the residual read and h written
+        once too), and weight and bias read once.
+        """
         affine = int(problem.has_weight) + int(problem.has_bias)
-        return (2 * rows + affine) * problem.hidden * problem.itemsize
+        rows_moved = (4 if problem.residual else 2) * rows
+        return (rows_moved + affine) * problem.hidden * problem.itemsize
 
     def kernel_abi(self, kernel: Any) -> KernelABI:
-        """Return the parameter list every LayerNorm kernel takes (:data:`KERNEL_ABI`)."""
-        return KERNEL_ABI
+        """Return ``kernel``'s parameters: :data:`RESIDUAL_ABI` with the residual add, else ours."""
+        return RESIDUAL_ABI if kernel.problem.residual else KERNEL_ABI
 
     def workload(self, problem: Problem, rows: int, *, device_id: int = 0, seed: int = 0) -> Any:
         """Allocate rotated inputs, weight, bias and a tile counter (:mod:`.workload`)."""

@@ -251,12 +251,16 @@ def _bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
 def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterator[KernelConfig]:
     """Bulk-copy configurations of the winners' shape, the preferred cluster and stages first.
 
+    The shape follows the bytes a tile stages (x's rows, and the residual's with the residual
+    add), the threads the vectors of x's segment.
+
     Then the other clusters, nearest first, and fewer stages: the first that ``check`` admits
     is the pick (the hidden size may not split over the preferred cluster, a device may hold
     fewer stages).
     """
     vec = 16 // problem.itemsize
-    row_bytes = problem.hidden * problem.itemsize
+    # A tile's bytes: with the residual add, the residual's row is staged beside x's.
+    row_bytes = problem.hidden * problem.itemsize * (2 if problem.residual else 1)
     whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
     preferred = 1
     if row_bytes > whole:

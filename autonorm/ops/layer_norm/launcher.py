@@ -43,7 +43,8 @@ def default_basename(problem: Problem) -> str:
     A problem without weight or bias gets ``_noweight`` / ``_nobias`` appended, so the variants
     of one hidden size can live in one directory and link into one program.
     """
-    name = f"autonorm_ln_{SHORT_DTYPES[problem.dtype]}_h{problem.hidden}"
+    prefix = "autonorm_add_ln" if problem.residual else "autonorm_ln"
+    name = f"{prefix}_{SHORT_DTYPES[problem.dtype]}_h{problem.hidden}"
     if not problem.has_weight:
         name += "_noweight"
     if not problem.has_bias:

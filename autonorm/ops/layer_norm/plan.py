@@ -63,7 +63,8 @@ class Plan:
         problem: the problem it runs.
         shape: the per-thread work (segment, threads per row, vectors a thread, evenness).
         smem_bytes: dynamic shared memory of a launch.
-        stage_bytes: the bulk-copy kernel's stages within it (0 for the row kernel).
+        stage_bytes: the bulk-copy kernel's stages within it (0 for the row kernel); with the
+            residual add, x's stages and then the residual's.
         registers: the row kernel's estimated registers per thread.
         uncapped_blocks: blocks per SM the kernel is built for without a register cap (the
             row kernel: what the estimate allows; the bulk kernel: its occupancy).
@@ -113,6 +114,11 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
     shape = derive_shape(config, problem)
     bulk = config.cache == "bulk"
     smem = launch_smem_bytes(config, shape)
+    stages = stage_bytes(config, shape) if bulk else 0
+    if bulk and problem.residual:
+        # The residual's tiles are staged beside x's.
+        smem += stages
+        stages *= 2
     prefetch = prefetches(config)
     registers = estimate_registers(config, shape, 2 if prefetch else 1)
     capped = capped_blocks(config, device)
@@ -138,7 +144,7 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         problem=problem,
         shape=shape,
         smem_bytes=smem,
-        stage_bytes=stage_bytes(config, shape) if bulk else 0,
+        stage_bytes=stages,
         registers=registers,
         uncapped_blocks=uncapped,
         capped_blocks=capped,

@@ -42,31 +42,48 @@ class RowProblem:
         return vec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Problem(RowProblem):
-    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias)."""
+    """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias).
+
+    With ``residual``, the kernel first adds a residual row of the same dtype, ``h = x +
+    residual`` rounded to the dtype, stores ``h`` and normalizes it (``add_layer_norm``).
+    """
 
     hidden: int
     dtype: str = "bfloat16"
     has_weight: bool = True
     has_bias: bool = True
+    residual: bool = False
 
     op: ClassVar[str] = "layer_norm"
     norm: ClassVar[str] = "layer"  # the statistic: mean and variance
     weight_offset: ClassVar[bool] = False  # the weight scales as is
-    residual: ClassVar[bool] = False  # no residual add before the norm
+    # A model's plan tunes the plain LayerNorm; the residual add is tuned where asked for.
+    engines_fuse_residual: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if not isinstance(self.hidden, int) or self.hidden < 1:
             raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
 
+    def __repr__(self) -> str:
+        # The residual flag only where set: a plain problem's repr, which kernel names hash,
+        # stays what it always was.
+        add = ", residual=True" if self.residual else ""
+        return (f"Problem(hidden={self.hidden!r}, dtype={self.dtype!r}, "
+                f"has_weight={self.has_weight!r}, has_bias={self.has_bias!r}{add})")
+
     def fields(self) -> dict[str, Any]:
         """Return the fields that identify the problem (the tuning DB's problem column)."""
-        return {
+        fields: dict[str, Any] = {
             "hidden": self.hidden, "dtype": self.dtype,
             "has_weight": self.has_weight, "has_bias": self.has_bias,
         }
+        # Only where set: the keys of the problems without it stay what they always were.
+        if self.residual:
+            fields["residual"] = True
+        return fields
 
     def reference(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
         """Return the float64 LayerNorm of float64 ``x`` (what every kernel is verified against)."""
@@ -78,4 +95,6 @@ class Problem(RowProblem):
         """Return e.g. ``bfloat16 hidden 4096 (weight, bias)``."""
         flags = (("weight", self.has_weight), ("bias", self.has_bias))
         affine = [name for name, on in flags if on]
-        return f"{self.dtype} hidden {self.hidden} ({', '.join(affine) or 'no weight or bias'})"
+        add = "residual + " if self.residual else ""
+        affine_text = ", ".join(affine) or "no weight or bias"
+        return f"{add}{self.dtype} hidden {self.hidden} ({affine_text})"

@@ -186,20 +186,20 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
 
 
 def _residual_reasons(plan: Plan) -> list[str]:
-    """Where the residual add cannot go: it runs where a row cache is filled from x.
+    """Where the residual add cannot go: it runs where a row is held once it is read.
 
-    The register and shared-memory caches take ``h = x + residual`` as they are filled, store it
-    once and normalize it; the uncached kernel would re-read both inputs in every pass, the
-    bulk-copy kernel fills its tiles without passing through registers, and a prefetching one
-    holds the next row's x but not its residual.
+    The register and shared-memory caches take ``h = x + residual`` as they are filled, the
+    bulk-copy kernel as it takes its tile (staged beside the residual's) from shared memory;
+    each stores h once and normalizes it. The uncached kernel would re-read both inputs in every
+    pass, and a prefetching one holds the next row's x but not its residual.
     """
     config = plan.config
     if not plan.problem.residual:
         return []
     reasons = []
-    if config.cache not in ("registers", "smem"):
-        reasons.append(f"the residual add needs a register or shared-memory row cache, not "
-                       f"cache={config.cache!r}")
+    if config.cache == "none":
+        reasons.append("the residual add needs a row cache (registers, smem or bulk), not "
+                       "cache='none'")
     elif plan.prefetch:
         reasons.append("the residual add does not prefetch: use blocks_per_sm 0 with a "
                        "register cache")

@@ -11,13 +11,12 @@ import math
 from typing import Any
 
 from autonorm.dtypes import SHORT_DTYPES
-from autonorm.ops.layer_norm.family import NEIGHBOUR_MAX_RATIO, LayerNormFamily
+from autonorm.ops.layer_norm.family import (  # noqa: F401 - RESIDUAL_ABI: the family's too
+    NEIGHBOUR_MAX_RATIO,
+    RESIDUAL_ABI,
+    LayerNormFamily,
+)
 from autonorm.ops.rms_norm.problem import Problem
-from autonorm.runtime.abi import KernelABI
-
-# The residual kernels take x, residual, weight, bias, y, h, rows, eps (then the workspace);
-# the others LayerNorm's list (x, weight, bias, y, rows, eps).
-RESIDUAL_ABI = KernelABI("QQQQQQif", rows_index=6, workspace=True)
 
 
 class RMSNormFamily(LayerNormFamily):
@@ -44,19 +43,6 @@ class RMSNormFamily(LayerNormFamily):
             return None
         distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
         return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
-
-    def bytes_moved(self, problem: Problem, rows: int) -> int:
-        """Return the fewest bytes a launch moves.
-
-        x is read and y written once (with the residual add, the residual read and h written
-        once too), and the weight read once.
-        """
-        rows_moved = (4 if problem.residual else 2) * rows
-        return (rows_moved + int(problem.has_weight)) * problem.hidden * problem.itemsize
-
-    def kernel_abi(self, kernel: Any) -> KernelABI:
-        """Return the parameter list of ``kernel`` (:data:`RESIDUAL_ABI` with the residual add)."""
-        return RESIDUAL_ABI if kernel.problem.residual else super().kernel_abi(kernel)
 
     def export_basename(self, problem: Problem) -> str:
         """Return the default file stem of an export, e.g. ``autonorm_rms_bf16_h4096``."""

@@ -28,6 +28,9 @@ class Problem(RowProblem):
     op: ClassVar[str] = "rms_norm"
     norm: ClassVar[str] = "rms"  # the statistic: the mean of squares
     has_bias: ClassVar[bool] = False
+    # Inference engines fuse the residual add into every RMSNorm of a decoder but the first
+    # (vLLM's and flashinfer's fused_add_rms_norm): a model's plan tunes both forms.
+    engines_fuse_residual: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))

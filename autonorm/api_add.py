@@ -1,9 +1,9 @@
-"""The fused residual add and RMSNorm, :func:`add_rms_norm`, for CuPy, torch and NumPy.
+"""The fused residual add and norm: :func:`add_rms_norm` and :func:`add_layer_norm`.
 
-``h = x + residual`` rounded to the dtype, then ``y = rms_norm(h)``: the pre-norm sum of a
-transformer block and its norm in one pass. CuPy arrays run the tuned kernel of the RMSNorm
-family with the residual add; torch tensors go to :mod:`autonorm.torch`; NumPy arrays are
-computed on the CPU in float64, with the same single rounding of the sum.
+``h = x + residual`` rounded to the dtype, then ``y = norm(h)``: the pre-norm sum of a
+transformer block and its norm in one pass. CuPy arrays run the tuned kernel of the norm's
+family with the residual add; torch tensors go to :mod:`autonorm.torch` (RMSNorm's); NumPy
+arrays are computed on the CPU in float64, with the same single rounding of the sum.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from autonorm.api import (
     validate,
 )
 from autonorm.errors import InputError
+from autonorm.ops.layer_norm.problem import Problem as LayerNormProblem
 from autonorm.ops.rms_norm.problem import Problem
 
-__all__ = ["add_rms_norm"]
+__all__ = ["add_layer_norm", "add_rms_norm"]
 
 
 def add_rms_norm(
@@ -68,31 +69,98 @@ def add_rms_norm(
         from autonorm import torch as autonorm_torch
 
         return autonorm_torch.add_rms_norm(x, residual, weight, eps, weight_offset, in_place)
+    _check_in_place(in_place)
+    check_weight_offset(weight_offset, weight)
+    if isinstance(x, np.ndarray):
+        from autonorm.ops.rms_norm.reference import rms_norm_cpu
+
+        _validate(x, residual, weight, None, eps, bool(in_place))
+        return _add_numpy(
+            x, residual, lambda h: rms_norm_cpu(h, weight, float(eps), bool(weight_offset)),
+            bool(in_place),
+        )
+    _check_cupy(x, torch_too=True)
+    dtype, rows, hidden = _validate(x, residual, weight, None, eps, bool(in_place))
+    problem = Problem(hidden, dtype, weight is not None, bool(weight_offset), residual=True)
+    return _launch_cupy(problem, rows, x, residual, weight, None, float(eps), bool(in_place))
+
+
+def add_layer_norm(
+    x: Any,
+    residual: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+    *,
+    in_place: bool = False,
+) -> tuple[Any, Any]:
+    """Add ``residual`` to ``x`` and LayerNorm the sum: return ``(y, h)``.
+
+    ``h = x + residual``, computed in float32 (float64 for NumPy) and rounded once to the dtype;
+    ``y = (h - mean) / sqrt(var + eps) * weight + bias`` over the last dimension, the norm of
+    exactly the ``h`` returned. With ``in_place``, ``y`` is written into ``x`` and ``h`` into
+    ``residual``, which are returned (vLLM's form of the fused add); both forms give the same
+    bits.
+
+    Accepts CuPy arrays (the tuned kernel on x's GPU, on CuPy's current stream) and NumPy arrays
+    (computed on the CPU in float64). torch tensors have :func:`autonorm.torch.add_rms_norm`
+    for RMSNorm; LayerNorm's fused add is not a torch op.
+
+    Args:
+        x: input of shape (..., hidden), float32, float16 or bfloat16.
+        residual: the residual stream, x's shape, dtype and kind (and GPU).
+        weight: optional scale of shape (hidden,), same dtype as x.
+        bias: optional shift of shape (hidden,), same dtype as x.
+        eps: added to the variance; a finite real number > 0.
+        in_place: write ``y`` into ``x`` and ``h`` into ``residual`` (which must not share
+            memory) instead of new arrays.
+
+    Returns:
+        ``(y, h)``, arrays of x's shape, dtype and kind; ``(x, residual)`` with ``in_place``.
+
+    Raises:
+        autonorm.errors.InputError: bad dtype, shape, device, eps or in_place (subclasses name
+            which).
+
+    """
+    _check_in_place(in_place)
+    if isinstance(x, np.ndarray):
+        from autonorm.ops.layer_norm.reference import layer_norm_cpu
+
+        _validate(x, residual, weight, bias, eps, bool(in_place))
+        return _add_numpy(
+            x, residual, lambda h: layer_norm_cpu(h, weight, bias, float(eps)), bool(in_place)
+        )
+    _check_cupy(x, torch_too=False)
+    dtype, rows, hidden = _validate(x, residual, weight, bias, eps, bool(in_place))
+    problem = LayerNormProblem(hidden, dtype, weight is not None, bias is not None, residual=True)
+    return _launch_cupy(problem, rows, x, residual, weight, bias, float(eps), bool(in_place))
+
+
+def _check_in_place(in_place: Any) -> None:
     if not isinstance(in_place, (bool, np.bool_)):
         raise InputError(
             f"in_place must be True or False, got {type(in_place).__name__} {in_place!r}"
         )
-    check_weight_offset(weight_offset, weight)
-    if isinstance(x, np.ndarray):
-        return _add_rms_norm_numpy(x, residual, weight, eps, bool(weight_offset), bool(in_place))
-    if not module.startswith("cupy"):
-        raise InputError(
-            f"x must be a CuPy array, a torch tensor or a NumPy array, got {type(x).__name__}"
-        )
-    dtype, rows, hidden = _validate(x, residual, weight, eps, bool(in_place))
-    problem = Problem(hidden, dtype, weight is not None, bool(weight_offset), residual=True)
-    return _launch_cupy(problem, rows, x, residual, weight, float(eps), bool(in_place))
+
+
+def _check_cupy(x: Any, torch_too: bool) -> None:
+    """Refuse an x that is not a CuPy array (NumPy arrays and torch tensors went elsewhere)."""
+    if not type(x).__module__.startswith("cupy"):
+        kinds = "a CuPy array, a torch tensor or a NumPy array" if torch_too else (
+            "a CuPy array or a NumPy array")
+        raise InputError(f"x must be {kinds}, got {type(x).__name__}")
 
 
 def _validate(
-    x: Any, residual: Any, weight: Any, eps: Any, in_place: bool
+    x: Any, residual: Any, weight: Any, bias: Any, eps: Any, in_place: bool
 ) -> tuple[str, int, int]:
     """Check the arguments (:func:`autonorm.api.validate` and the residual's); return its result.
 
     In place, x and residual must not share memory: each is written, with the other's result
     read from the same rows.
     """
-    dtype, rows, hidden = validate(x, weight, None, eps)
+    dtype, rows, hidden = validate(x, weight, bias, eps)
     if residual is None:
         raise InputError(f"residual must be an array of x's shape {tuple(x.shape)}, got None")
     check_like_x(x, "residual", residual, tuple(x.shape), "x's shape", optional=False)
@@ -122,14 +190,12 @@ def rounded_sum(x: np.ndarray, residual: np.ndarray) -> np.ndarray:
         return (x.astype(np.float64) + residual.astype(np.float64)).astype(x.dtype)
 
 
-def _add_rms_norm_numpy(
-    x: np.ndarray, residual: Any, weight: Any, eps: Any, weight_offset: bool, in_place: bool
+def _add_numpy(
+    x: np.ndarray, residual: Any, norm: Any, in_place: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    from autonorm.ops.rms_norm.reference import rms_norm_cpu
-
-    _validate(x, residual, weight, eps, in_place)
+    """The CPU path on validated arrays: the rounded sum, then ``norm`` of it."""
     h = rounded_sum(x, residual)
-    y = rms_norm_cpu(h, weight, float(eps), weight_offset)
+    y = norm(h)
     if not in_place:
         return y, h
     for name, a in (("x", x), ("residual", residual)):
@@ -141,7 +207,8 @@ def _add_rms_norm_numpy(
 
 
 def _launch_cupy(
-    problem: Problem, rows: int, x: Any, residual: Any, weight: Any, eps: float, in_place: bool
+    problem: Any, rows: int, x: Any, residual: Any, weight: Any, bias: Any, eps: float,
+    in_place: bool,
 ) -> tuple[Any, Any]:
     """Run the dispatched residual-add kernel on validated CuPy arrays.
 
@@ -154,19 +221,20 @@ def _launch_cupy(
     from autonorm.dispatch import get_kernel
 
     device_id = x.device.id
-    check_same_gpu(device_id, residual=residual, weight=weight)
+    check_same_gpu(device_id, residual=residual, weight=weight, bias=bias)
     with cupy.cuda.Device(device_id):
         w = None if weight is None else aligned_contiguous(weight)
+        b = None if bias is None else aligned_contiguous(bias)
         if in_place and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (x, residual)):
             if rows:
                 kernel = get_kernel(problem, rows, device_id)
-                kernel.launch_arrays(x, residual, w, None, x, residual, rows, eps)
+                kernel.launch_arrays(x, residual, w, b, x, residual, rows, eps)
             return x, residual
         xc, rc = aligned_contiguous(x), aligned_contiguous(residual)
         y = cupy.empty(x.shape, dtype=x.dtype)
         h = cupy.empty(x.shape, dtype=x.dtype)
         if rows:
-            get_kernel(problem, rows, device_id).launch_arrays(xc, rc, w, None, y, h, rows, eps)
+            get_kernel(problem, rows, device_id).launch_arrays(xc, rc, w, b, y, h, rows, eps)
         if not in_place:
             return y, h
         x[...] = y
