@@ -26,6 +26,7 @@ import pytest
 from autonorm.codegen.kernel import RenderedKernel
 from autonorm.dtypes import DTYPES
 from autonorm.errors import CompileError
+from autonorm.ops import registry
 from autonorm.ops.layer_norm.codegen import render
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import Plan, derive_plan, fills_async, prefetches
@@ -273,8 +274,9 @@ def shipped_winners() -> list[RenderedKernel]:
     """The shipped tuning DB's winners, rendered from the configurations they were tuned as."""
     kernels = []
     for winner in json.loads(SHIPPED_KERNELS.read_text())["winners"]:
-        problem = Problem(**json.loads(winner["problem"]))
-        kernels.append(render(KernelConfig.from_label(winner["label"]), problem, H200))
+        family = registry.get(winner["op"])
+        problem = family.problem(**json.loads(winner["problem"]))
+        kernels.append(family.render(KernelConfig.from_label(winner["label"]), problem, H200))
     return kernels
 
 

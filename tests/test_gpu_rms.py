@@ -11,21 +11,23 @@ the residual becomes h, x becomes y) gives the functional form's bits.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from collections import defaultdict
 
 import pytest
 from test_compile_offline import branch
-from test_gpu_skew import compiled  # noqa: F401  (the fixture: compiles in a process pool)
+from test_gpu_skew import (  # compiled: the fixture, compiling in a process pool
+    assert_break_rejected,
+    compiled,  # noqa: F401
+    verify_all,
+    verify_offset_rows,
+)
 
 from autonorm.dtypes import DTYPES
 from autonorm.ops import registry
-from autonorm.ops.layer_norm.cases import OUTLIER_CASE
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import derive_plan
-from autonorm.ops.layer_norm.verify import verify
 from autonorm.ops.rms_norm.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -59,20 +61,11 @@ def cover(dtype: str, limits) -> list[tuple[Problem, KernelConfig]]:  # noqa: AN
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_kernels_verify_across_branches(compiled, dtype: str) -> None:  # noqa: F811
     limits = compiled.limits
-    work = []
-    for problem, cfg in cover(dtype, limits):
-        rendered = FAMILY.render(cfg, problem, limits)
-        compiled.submit(rendered)
-        work.append((problem, rendered))
+    work = [(problem, FAMILY.render(cfg, problem, limits)) for problem, cfg in cover(dtype, limits)]
     caches = {r.config.cache for _, r in work}
     assert {"registers", "smem", "bulk"} <= caches, caches
     assert sum(p.residual for p, _ in work) >= 20
-    failures = []
-    for problem, rendered in work:
-        result = verify(compiled(rendered), problem)
-        if not result.ok:
-            failures.append(f"{problem.describe()} {rendered.config.label()}: {result.summary()}")
-    assert not failures, "\n".join(failures)
+    verify_all(compiled, work)
     print(f"\n{dtype}: {len(work)} RMSNorm kernels verified")
 
 
@@ -90,10 +83,8 @@ OFFSET_CONFIGS = (
 def test_fp32_offset_rows_stay_within_1e6(compiled, hidden: int, config) -> None:  # noqa: F811, ANN001
     problem = Problem(hidden, "float32")
     assert not FAMILY.check(config, problem, compiled.limits), config.label()
-    result = verify(compiled(FAMILY.render(config, problem, compiled.limits)), problem)
-    assert result.ok, result.summary()
-    for case in ("offset", OUTLIER_CASE):
-        assert result.errors[case].rel_l2 <= 1e-6, (case, result.errors[case])
+    result = verify_offset_rows(compiled, problem,
+                                FAMILY.render(config, problem, compiled.limits))
     print(f"\nfp32 {hidden} {config.label()}: offset {result.errors['offset'].rel_l2:.1e}")
 
 
@@ -121,12 +112,7 @@ def test_a_broken_rms_kernel_is_rejected(compiled, dtype: str, name: str) -> Non
     problem = Problem(hidden, dtype, weight_offset=woff, residual=name == "h-unstored")
     config = KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 1, 0)
     rendered = FAMILY.render(config, problem, compiled.limits)
-    assert rendered.source.count(old) == 1, name
-    good = verify(compiled(rendered), problem)
-    assert good.ok, good.summary()
-    broken = dataclasses.replace(rendered, source=rendered.source.replace(old, new))
-    bad = verify(compiled(broken), problem)
-    assert not bad.ok, f"{name} passed: {bad.summary()}"
+    assert_break_rejected(compiled, problem, rendered, old, new, name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -97,6 +97,45 @@ def compiled():
         pool.close()
 
 
+def verify_all(compiled, work) -> None:  # noqa: ANN001
+    """Verify every ``(problem, rendered)`` of ``work`` against float64, compiled in the pool
+    (all submitted first); fail naming each kernel that does not verify."""
+    from autonorm.ops.layer_norm.verify import verify
+
+    for _, rendered in work:
+        compiled.submit(rendered)
+    failures = []
+    for problem, rendered in work:
+        result = verify(compiled(rendered), problem)
+        if not result.ok:
+            failures.append(f"{problem.describe()} {rendered.config.label()}: {result.summary()}")
+    assert not failures, "\n".join(failures)
+
+
+def verify_offset_rows(compiled, problem, rendered):  # noqa: ANN001, ANN201
+    """Verify an fp32 kernel and hold it to 1e-6 on the offset (mean 1000, spread 0.1) and
+    outlier cases; return the verification."""
+    from autonorm.ops.layer_norm.verify import verify
+
+    result = verify(compiled(rendered), problem)
+    assert result.ok, result.summary()
+    for case in ("offset", OUTLIER_CASE):
+        assert result.errors[case].rel_l2 <= 1e-6, (case, result.errors[case])
+    return result
+
+
+def assert_break_rejected(compiled, problem, rendered, old: str, new: str, name: str) -> None:  # noqa: ANN001
+    """``rendered`` verifies, and with its one ``old`` text replaced by ``new`` it does not."""
+    from autonorm.ops.layer_norm.verify import verify
+
+    assert rendered.source.count(old) == 1, name
+    good = verify(compiled(rendered), problem)
+    assert good.ok, good.summary()
+    broken = dataclasses.replace(rendered, source=rendered.source.replace(old, new))
+    bad = verify(compiled(broken), problem)
+    assert not bad.ok, f"{name} passed: {bad.summary()}"
+
+
 def _problems() -> list[Problem]:
     return [Problem(h, d) for d in DTYPES for h in (*small_hidden(d), *ODD)
             if h % (16 // ITEMSIZE[d])]
@@ -104,8 +143,6 @@ def _problems() -> list[Problem]:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_skewed_rows_verify_at_every_alignment(compiled, dtype: str) -> None:
-    from autonorm.ops.layer_norm.verify import verify
-
     limits = compiled.limits
     problems = [p for p in _problems() if p.dtype == dtype]
     work = []
@@ -114,45 +151,25 @@ def test_skewed_rows_verify_at_every_alignment(compiled, dtype: str) -> None:
         offsets = {(r * problem.hidden) % vec for r in range(VERIFY_ROWS)}
         step = math.gcd(problem.hidden, vec)
         assert offsets == set(range(0, vec, step)), (problem, offsets)
-        for cfg in skewed_cover(problem, limits):
-            rendered = render(cfg, problem, limits)
-            compiled.submit(rendered)
-            work.append((problem, rendered))
+        work += [(problem, render(cfg, problem, limits)) for cfg in skewed_cover(problem, limits)]
     assert any(derive_plan(r.config, p, limits).shape.skewed for p, r in work)
-    failures = []
-    for problem, rendered in work:
-        result = verify(compiled(rendered), problem)
-        if not result.ok:
-            failures.append(f"{problem.describe()} {rendered.config.label()}: {result.summary()}")
-    assert not failures, "\n".join(failures)
+    verify_all(compiled, work)
     print(f"\n{dtype}: {len(work)} skewed kernels verified over {len(problems)} hidden sizes")
 
 
 @pytest.mark.parametrize("hidden", ODD)
 def test_fp32_offset_rows_stay_within_1e6_when_skewed(compiled, hidden: int) -> None:
-    from autonorm.ops.layer_norm.verify import verify
-
     problem = Problem(hidden, "float32")
     config = default_config(problem, compiled.limits)
     assert derive_plan(config, problem, compiled.limits).shape.skewed, config.label()
-    result = verify(compiled(render(config, problem, compiled.limits)), problem)
-    assert result.ok, result.summary()
-    for case in ("offset", OUTLIER_CASE):
-        assert result.errors[case].rel_l2 <= 1e-6, (case, result.errors[case])
+    verify_offset_rows(compiled, problem, render(config, problem, compiled.limits))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(BREAKS))
 def test_a_broken_skewed_kernel_is_rejected(compiled, dtype: str, name: str) -> None:
-    from autonorm.ops.layer_norm.verify import verify
-
     old, new = BREAKS[name]
     problem = Problem(4099 if dtype != "float32" else 4097, dtype)
     config = KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 1, 0)
     rendered = render(config, problem, compiled.limits)
-    assert rendered.source.count(old) == 1, name
-    good = verify(compiled(rendered), problem)
-    assert good.ok, good.summary()
-    broken = dataclasses.replace(rendered, source=rendered.source.replace(old, new))
-    bad = verify(compiled(broken), problem)
-    assert not bad.ok, f"{name} passed: {bad.summary()}"
+    assert_break_rejected(compiled, problem, rendered, old, new, name)

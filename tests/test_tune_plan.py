@@ -141,9 +141,13 @@ def test_a_model_norm_is_planned_plain_and_after_the_residual_add_where_its_op_h
     # Shapes given on the command line are plain unless --residual says otherwise.
     assert forms(ops=["rms_norm"], hiddens=[8192]) == [("rms_norm", 8192, False)]
     assert forms(ops=["rms_norm"], hiddens=[8192], residual=True) == [("rms_norm", 8192, True)]
-    # --op replaces the config's norm: LayerNorm over Llama's width has no residual form.
-    assert forms(norms=plan.norms_of_config(CONFIGS["Llama 3 8B"], "l.json", op="layer_norm")
-                 ) == [("layer_norm", 4096, False)]
+    # --op replaces the config's norm: LayerNorm over Llama's width is planned plain, and
+    # after the residual add only where --residual asks.
+    as_layer_norm = plan.norms_of_config(CONFIGS["Llama 3 8B"], "l.json", op="layer_norm")
+    assert forms(norms=as_layer_norm) == [("layer_norm", 4096, False)]
+    assert forms(norms=as_layer_norm, residual=True) == [("layer_norm", 4096, True)]
+    assert forms(ops=["layer_norm"], hiddens=[1024], residual=True) == [
+        ("layer_norm", 1024, True)]
     plain, added = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[64],
                                default_rows=_rows_1024, norms=llama)
     assert plain.identity != added.identity and plan.order([added, plain]) == [plain, added]
@@ -367,11 +371,6 @@ BAD_PLANS = [
      "op layer_norm takes no --weight-offset"),
     (["--hidden", "1024", "--op", "rms_norm", "--no-weight", "--weight-offset"],
      "--weight-offset scales by 1 + weight: it cannot go with --no-weight"),
-    (["--hidden", "1024,2048", "--residual"],
-     "op layer_norm takes no --residual: its problem has no residual add (ops with one: "
-     "rms_norm)"),
-    (["--config", "{tmp}/llama.json", "--op", "layer_norm", "--residual"],
-     "op layer_norm takes no --residual"),
     ([], "Missing option '--hidden'. Or give a model's --config"),
 ]
 
