@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_cli_errors import H200 as H200_INFO
+from test_cli_errors import invoke
+from test_cli_rms import env  # noqa: F401  (the fixture: a tmp DB, a fake H200 and evaluator)
 from test_rms_family import _NumpyResidualKernel
 
 import autonorm
@@ -24,6 +27,7 @@ from autonorm.ops.layer_norm.family import KERNEL_ABI, RESIDUAL_ABI
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.verify import verify
 from autonorm.runtime.limits import H200
+from autonorm.store.db import TuningDB
 from autonorm.store.keys import TuningKey
 
 FAMILY = registry.get("layer_norm")
@@ -170,3 +174,60 @@ def test_render_prints_layer_norms_residual_kernel():
     assert "hout" in result.stdout
     plain = CliRunner().invoke(cli.main, ["render", "--hidden", "4096"])
     assert "residual" not in plain.stdout.split("\n", 3)[1] and "hout" not in plain.stdout
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", [KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0),
+                                    KernelConfig(512, 8, 1, "bulk", "two_pass", 1, 0, stages=1)],
+                         ids=["row", "bulk"])
+def test_an_export_declares_the_fused_add_and_passes_the_kernel_its_order(config):
+    from test_export_rms import _call_args, _declared
+
+    from autonorm.export import render_export
+
+    problem = Problem(16384, "bfloat16", residual=True)
+    exported = render_export(config, problem)
+    name = "autonorm_add_ln_bf16_h16384"
+    assert exported.header.startswith(f"// {name}.h: residual add + LayerNorm forward exported")
+    assert "#define AUTONORM_ADD_LN_BF16_H16384_RESIDUAL 1" in exported.header
+    assert "y[r, :] = (h[r, :] - mean(h[r, :])) / sqrt(var(h[r, :]) + eps) * weight + bias" in (
+        exported.header)
+    assert f"{name}_forward(x, residual, weight, bias, x, residual, rows, eps, stream);" in (
+        exported.header)
+    params = [n for _, n in _declared(exported.header, f"{name}_forward")]
+    assert params == ["x", "residual", "weight", "bias", "y", "h", "rows", "eps", "stream"]
+    assert [p["name"] for p in exported.manifest["parameters"]] == params
+    assert _call_args(exported.source, exported.kernel.name)[:8] == [
+        "x", "residual", "weight", "bias", "y", "h", "rows", "eps"]
+
+
+def test_an_exported_fused_layer_norm_compiles_with_plain_nvcc(tmp_path):
+    from test_export_rms import _nvcc, _run
+
+    from autonorm.export import export_kernel
+
+    nvcc = _nvcc()
+    problem = Problem(16384, "bfloat16", residual=True)
+    paths = export_kernel(FAMILY.default(problem, H200, 4096), problem, tmp_path)
+    assert paths[0].name == "autonorm_add_ln_bf16_h16384.cu"
+    proc = _run([nvcc, "-arch=sm_90", "-std=c++17", "-Xcompiler", "-Wall,-Wextra", "-c",
+                 paths[0].name, "-o", "exported.o"], tmp_path)
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
+
+
+def test_tune_stores_the_fused_layer_norm_apart_from_the_plain_one(env, tmp_path):  # noqa: F811
+    status, out, err = invoke(["tune", "--residual", "--hidden", "8192", "--rows", "1024",
+                               "--trials", "3"])
+    assert status == 0, err
+    assert "tuning layer_norm residual + bfloat16 hidden 8192 (weight, bias), rows=1024" in err
+    added = Problem(8192, residual=True)
+    assert env == [added]
+    with TuningDB(tmp_path / "user.db") as store:
+        winner = store.get_winner(TuningKey.for_problem(H200_INFO.fingerprint, added, 1024))
+        plain = store.get_winner(TuningKey.for_problem(H200_INFO.fingerprint, Problem(8192),
+                                                       1024))
+    assert plain is None
+    assert winner is not None and winner.key.fields["residual"] is True
+    assert f"winner: {FAMILY.config_from_dict(winner.config).label()}" in out

@@ -101,17 +101,18 @@ def launcher_files(kernel: RenderedKernel, basename: str) -> dict[str, str]:
 def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     """Return the manifest entries that describe the launcher: its functions, files and plan.
 
-    An RMSNorm export lists its launchers' parameters too (``parameters`` and
-    ``parameters_with_workspace``, name and C type each, in order), from the list the templates
-    declare them by: with the residual add they are not LayerNorm's. A LayerNorm manifest keeps
-    the entries it has always had, so LayerNorm exports stay byte for byte what they were.
+    An RMSNorm export, or one with the residual add, lists its launchers' parameters too
+    (``parameters`` and ``parameters_with_workspace``, name and C type each, in order), from the
+    list the templates declare them by: they are not plain LayerNorm's. A plain LayerNorm
+    manifest keeps the entries it has always had, so those exports stay byte for byte what they
+    were.
     """
     plan = kernel.launch
     # Thread-block clusters and the bulk-copy engine (cp.async.bulk, mbarrier transactions)
     # exist from compute capability 9.0 on.
     min_cc = 90 if plan.cluster > 1 or plan.resident else None
     parameters: dict[str, Any] = {}
-    if kernel.problem.norm != "layer":
+    if kernel.problem.norm != "layer" or kernel.problem.residual:
         listed = launcher_parameters(kernel.problem)
         parameters = {
             "parameters": [{"name": n, "type": t} for t, n in listed],
@@ -166,9 +167,8 @@ def _kernel_args(problem: RowProblem) -> list[str]:
 
 def _title(problem: RowProblem) -> str:
     """What the export computes, in words (the first line of each file)."""
-    if problem.norm == "layer":
-        return "LayerNorm forward"
-    return "residual add + RMSNorm forward" if problem.residual else "RMSNorm forward"
+    norm = "LayerNorm forward" if problem.norm == "layer" else "RMSNorm forward"
+    return f"residual add + {norm}" if problem.residual else norm
 
 
 def _scale(problem: RowProblem) -> str:
