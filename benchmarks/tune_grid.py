@@ -10,8 +10,8 @@ Example (the shipped grid, written to a fresh file)::
 
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
 
-``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm`` and ``add_rms_norm``
-(RMSNorm after the fused residual add). ``--models tuning_db/models.json`` tunes the hidden
+``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm``, ``add_rms_norm``
+(RMSNorm after the fused residual add) and ``add_layer_norm`` (LayerNorm after it). ``--models tuning_db/models.json`` tunes the hidden
 sizes of the models listed there (each size once; a LayerNorm model's for ``layer_norm``, an
 RMSNorm model's for the RMSNorm ops) at a decode and a prefill row count instead;
 ``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
@@ -71,6 +71,8 @@ OPS = {
                                     "residual": False}, "rms_norm"),
     "add_rms_norm": GridOp("rms_norm", {"has_weight": True, "weight_offset": False,
                                         "residual": True}, "rms_norm"),
+    # LayerNorm after the fused residual add, with weight and bias (autonorm.add_layer_norm).
+    "add_layer_norm": GridOp("layer_norm", {"residual": True}, "layer_norm"),
 }
 
 

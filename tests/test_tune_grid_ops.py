@@ -1,4 +1,4 @@
-"""tune_grid.py's ``--ops``: LayerNorm, RMSNorm and RMSNorm after the fused residual add.
+"""tune_grid.py's ``--ops``: LayerNorm and RMSNorm, plain and after the fused residual add.
 
 CPU only: the grid is expanded and listed without a GPU, and the tuning loop runs on a fake
 H200 with the fake evaluator (tests/fake_evaluator.py) into a temporary database.
@@ -100,6 +100,19 @@ def test_models_without_an_rmsnorm_model_are_refused_for_an_rms_op(tmp_path, cap
     assert exit_.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == f"tune_grid.py: error: --models: {path} lists no rms_norm model"
+
+
+def test_add_layer_norm_tunes_layer_norm_after_the_residual_add():
+    grid = shapes_of(["--ops", "layer_norm,add_layer_norm", "--dtypes", "bf16",
+                      "--hidden", "8192"])
+    assert grid == [("layer_norm", "bfloat16", 8192, 8192),
+                    ("add_layer_norm", "bfloat16", 8192, 8192)]
+    plain, added = (tune_grid.problem_of(shape) for shape in grid)
+    assert added == LayerNormProblem(8192, "bfloat16", has_weight=True, has_bias=True,
+                                     residual=True)
+    assert not plain.residual
+    keys = {TuningKey.for_problem(H200.fingerprint, p, 8192) for p in (plain, added)}
+    assert len(keys) == 2 and {k.op for k in keys} == {"layer_norm"}
 
 
 @pytest.mark.parametrize("argv, flag", [
