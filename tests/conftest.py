@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -30,3 +32,21 @@ def quiet_optuna():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     yield
     optuna.logging.set_verbosity(level)
+
+
+@pytest.fixture(scope="module")
+def fresh_db(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Dispatch from an empty user DB (and the shipped one), never the developer's own."""
+    from autonorm import dispatch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTONORM_DB", str(tmp_path_factory.mktemp("db") / "user.db"))
+        dispatch.clear_cache()
+        yield
+        dispatch.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def cp(fresh_db: Any) -> Any:
+    """CuPy, with dispatch on a fresh user DB (the API tests' GPU arrays); skips without it."""
+    return pytest.importorskip("cupy")

@@ -220,23 +220,6 @@ def test_torch_tensors_go_to_autonorm_torch() -> None:
 # --------------------------------------------------------------------------- CuPy path (GPU)
 
 
-@pytest.fixture(scope="module")
-def fresh_db(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Dispatch from an empty user DB (and the shipped one), never the developer's own."""
-    from autonorm import dispatch
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTONORM_DB", str(tmp_path_factory.mktemp("db") / "user.db"))
-        dispatch.clear_cache()
-        yield
-        dispatch.clear_cache()
-
-
-@pytest.fixture(scope="module")
-def cp(fresh_db: Any) -> Any:
-    return pytest.importorskip("cupy")
-
-
 # Each (dtype, hidden, weight form) compiles one kernel: the tests share (4, 1001).
 GPU_HIDDEN = 1001  # odd: no vector width divides it
 

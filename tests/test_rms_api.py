@@ -163,23 +163,6 @@ def test_torch_tensors_go_to_autonorm_torch() -> None:
 # --------------------------------------------------------------------------- CuPy path (GPU)
 
 
-@pytest.fixture(scope="module")
-def fresh_db(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Dispatch from an empty user DB (and the shipped one), never the developer's own."""
-    from autonorm import dispatch
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTONORM_DB", str(tmp_path_factory.mktemp("db") / "user.db"))
-        dispatch.clear_cache()
-        yield
-        dispatch.clear_cache()
-
-
-@pytest.fixture(scope="module")
-def cp(fresh_db: Any) -> Any:
-    return pytest.importorskip("cupy")
-
-
 def assert_near(y: Any, x: Any, w: Any, eps: float, offset: bool, dtype: str) -> None:
     """Compare a CuPy output with the float64 formula, within the dtype's kernel tolerance."""
     import cupy
