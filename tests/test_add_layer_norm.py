@@ -104,6 +104,23 @@ def test_the_default_serves_the_add_at_every_regime():
                 assert config.cache != "none"
 
 
+def test_a_fused_row_no_cache_can_hold_is_refused_in_one_line_that_says_why():
+    import dataclasses
+
+    from autonorm.errors import ConfigError
+
+    a100 = dataclasses.replace(H200, name="NVIDIA A100", cc=80, sm_count=108,
+                               max_smem_optin=166912)
+    plain = Problem(65536, "float32")
+    assert FAMILY.check(FAMILY.default(plain, a100, 1024), plain, a100) == []
+    with pytest.raises(ConfigError) as info:
+        FAMILY.default(Problem(65536, "float32", residual=True), a100, 1024)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "with the residual add on NVIDIA A100" in message
+    assert "262,144 bytes" in message and "no thread-block clusters" in message
+
+
 # -- the verifier ---------------------------------------------------------------------------------
 
 

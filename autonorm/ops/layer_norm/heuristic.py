@@ -170,6 +170,16 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
         cfg = KernelConfig(1024, vec, 1, "smem", "two_pass", cluster, 0)
         if not check(cfg, problem, device):
             return cfg
+    if problem.residual:
+        # What follows is uncached, which the residual add cannot run in (rules).
+        row_bytes = problem.hidden * problem.itemsize
+        clusters = "" if device.cc >= 90 else " and no thread-block clusters"
+        raise ConfigError(
+            f"unsupported hidden size {problem.hidden} ({problem.dtype}) with the residual add "
+            f"on {device.name}: the add needs the row held in registers or shared memory, and "
+            f"a row of {row_bytes:,} bytes fits neither ({device.max_smem_optin:,} bytes of "
+            f"shared memory a block{clusters}); add the residual first and run the plain norm"
+        )
     cfg = KernelConfig(threads, vec, rows, "none", "welford", 1, 0)
     if not check(cfg, problem, device):
         return cfg
