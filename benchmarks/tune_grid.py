@@ -11,9 +11,10 @@ Example (the shipped grid, written to a fresh file)::
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
 
 ``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm``, ``add_rms_norm``
-(RMSNorm after the fused residual add) and ``add_layer_norm`` (LayerNorm after it). ``--models tuning_db/models.json`` tunes the hidden
-sizes of the models listed there (each size once; a LayerNorm model's for ``layer_norm``, an
-RMSNorm model's for the RMSNorm ops) at a decode and a prefill row count instead;
+(RMSNorm after the fused residual add) and ``add_layer_norm`` (LayerNorm after it).
+``--models tuning_db/models.json`` tunes the hidden sizes of the models listed there (each size
+once; a LayerNorm model's for the LayerNorm ops, an RMSNorm model's for the RMSNorm ops) at a
+decode and a prefill row count instead;
 ``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
 ``--skip-stored`` passes over shapes the database already has a usable winner for,
 ``--snapshot`` writes the standalone file that ships, and ``--plan`` lists the shapes without
