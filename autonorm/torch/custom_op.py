@@ -64,9 +64,12 @@ def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
     """Gradients of y = (x - mean) * rstd * weight + bias, computed in float32."""
     x, weight = ctx.saved_tensors
     needs_x, needs_w, needs_b = ctx.needs_input_grad[:3]
-    xf = x.float()
-    mean = xf.mean(-1, keepdim=True)
-    xc = xf - mean  # two-pass variance: exact enough for offset data, unlike E[x^2] - E[x]^2
+    # Centred about the row's first element first, as the kernels are: the mean of x itself
+    # loses ~log2(n) fp32 roundings of |mean|, which on rows of mean 1000 and spread 0.1
+    # biased xhat enough to put dweight 4e-4 from float64 (tests/test_backward_reference.py).
+    xs = x.float()
+    xs = xs - xs[..., :1]
+    xc = xs - xs.mean(-1, keepdim=True)  # two-pass: exact enough for offset rows, unlike E[x^2]
     rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + ctx.eps)
     xhat = xc * rstd
     dy = grad_y.float()

@@ -1,6 +1,7 @@
-"""The float64 LayerNorm reference, and the statistics the kernels merge, in float64.
+"""The float64 LayerNorm reference, its gradients, and the statistics the kernels merge.
 
-:func:`layer_norm_reference` is what every kernel is verified against; :func:`layer_norm_cpu`
+:func:`layer_norm_reference` is what every kernel is verified against and
+:func:`layer_norm_backward_reference` its gradients in float64; :func:`layer_norm_cpu`
 runs it on NumPy arrays in their own dtype; :func:`welford` and :func:`chan_merge` are the
 running and merged (count, mean, M2) statistics the kernels compute, for tests. The dtype
 conversions and error measures are :mod:`autonorm.numerics`'.
@@ -33,6 +34,28 @@ def layer_norm_reference(
     if bias is not None:
         y = y + bias
     return y
+
+
+def layer_norm_backward_reference(
+    x: Any, dy: Any, weight: Any | None, eps: float
+) -> tuple[Any, Any, Any]:
+    """Float64 gradients of LayerNorm over the last axis: ``(dx, dweight, dbias)``.
+
+    With ``xhat = (x - mean) * rstd`` and ``g = dy * weight`` (``dy`` without a weight),
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` per row; ``dweight`` sums
+    ``dy * xhat`` and ``dbias`` sums ``dy`` over every row (all leading axes). The statistics
+    are two-pass, as in :func:`layer_norm_reference`.
+    """
+    xp = array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    rstd = 1.0 / xp.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
+    xhat = centered * rstd
+    g = dy if weight is None else dy * weight
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    rows = tuple(range(x.ndim - 1))
+    return dx, (dy * xhat).sum(axis=rows), dy.sum(axis=rows)
 
 
 def chan_merge(
