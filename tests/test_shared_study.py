@@ -369,7 +369,10 @@ def test_a_killed_tuner_loses_no_finished_trial_and_its_trial_is_reclaimed(
     check_budget(done, n_trials, len(processes))
     assert victims <= {t.number for t in done}  # the killed tuner's measurements count
     assert tuned.evaluated == len(done)
-    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # Named by owner and role where one is left, so a failure says which process left it.
+    left = [(t.number, t.user_attrs.get(book.ATTR_OWNER), t.user_attrs.get(book.ATTR_ROLE),
+             t.datetime_start) for t in trials if t.state == TrialState.RUNNING]
+    assert not left, f"RUNNING trials left (victim pid {victim.pid}): {left}"
     check_one_winner(tmp_path, tuned, trials)
 
 
