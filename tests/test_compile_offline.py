@@ -270,6 +270,16 @@ def branch(plan: Plan) -> tuple:
             plan.deferred_refill)
 
 
+def branch_picks(family, problem, limits, rng: random.Random, count: int) -> list[KernelConfig]:  # noqa: ANN001
+    """``count`` configurations of ``problem``'s space that take distinct template branches
+    (:func:`branch`), drawn with ``rng``: a fixed seed gives a fixed cover."""
+    groups: dict[tuple, list[KernelConfig]] = defaultdict(list)
+    for cfg in family.space(problem, limits):
+        groups[branch(derive_plan(cfg, problem, limits))].append(cfg)
+    keys = sorted(groups, key=repr)
+    return [rng.choice(groups[k]) for k in rng.sample(keys, min(count, len(keys)))]
+
+
 def shipped_winners() -> list[RenderedKernel]:
     """The shipped tuning DB's winners, rendered from the configurations they were tuned as."""
     kernels = []

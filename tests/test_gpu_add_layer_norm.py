@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from collections import defaultdict
 
 import numpy as np
 import pytest
-from test_compile_offline import branch
+from test_compile_offline import branch_picks
 from test_gpu_skew import (  # compiled: the fixture, compiling in a process pool
     assert_break_rejected,
     compiled,  # noqa: F401
@@ -28,7 +27,6 @@ from test_gpu_skew import (  # compiled: the fixture, compiling in a process poo
 from autonorm.dtypes import DTYPES
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.plan import derive_plan
 from autonorm.ops.layer_norm.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -46,13 +44,9 @@ def cover(dtype: str, limits) -> list[tuple[Problem, KernelConfig]]:  # noqa: AN
     work, turn = [], 0
     for hidden in HIDDEN:
         base = Problem(hidden, dtype, residual=True)
-        by_branch: dict[tuple, list[KernelConfig]] = defaultdict(list)
-        for cfg in FAMILY.space(base, limits):
-            by_branch[branch(derive_plan(cfg, base, limits))].append(cfg)
-        keys = sorted(by_branch, key=repr)
         picks = list(dict.fromkeys([FAMILY.default(base, limits, 64),
                                     FAMILY.default(base, limits, 4096)]))
-        picks += [rng.choice(by_branch[k]) for k in rng.sample(keys, min(PICKS, len(keys)))]
+        picks += branch_picks(FAMILY, base, limits, rng, PICKS)
         for cfg in picks:
             has_weight, has_bias = AFFINE[turn % len(AFFINE)]
             turn += 1

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import defaultdict
 
 import pytest
-from test_compile_offline import branch
+from test_compile_offline import branch_picks
 from test_gpu_skew import (  # compiled: the fixture, compiling in a process pool
     assert_break_rejected,
     compiled,  # noqa: F401
@@ -27,7 +26,6 @@ from test_gpu_skew import (  # compiled: the fixture, compiling in a process poo
 from autonorm.dtypes import DTYPES
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.plan import derive_plan
 from autonorm.ops.rms_norm.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -45,12 +43,8 @@ def cover(dtype: str, limits) -> list[tuple[Problem, KernelConfig]]:  # noqa: AN
     work, turn = [], 0
     for hidden, residual in itertools.product(HIDDEN, (False, True)):
         base = Problem(hidden, dtype, residual=residual)
-        by_branch: dict[tuple, list[KernelConfig]] = defaultdict(list)
-        for cfg in FAMILY.space(base, limits):
-            by_branch[branch(derive_plan(cfg, base, limits))].append(cfg)
-        keys = sorted(by_branch, key=repr)
         picks = [FAMILY.default(base, limits, 4096)]
-        picks += [rng.choice(by_branch[k]) for k in rng.sample(keys, min(PICKS, len(keys)))]
+        picks += branch_picks(FAMILY, base, limits, rng, PICKS)
         for cfg in picks:
             has_weight, woff = FORMS[turn % len(FORMS)]
             turn += 1

@@ -19,6 +19,12 @@ class RowProblem:
     hidden: int
     dtype: str
 
+    def __post_init__(self) -> None:
+        # Each problem's dataclass __init__ calls it: "bf16" becomes "bfloat16", hidden 0 an error.
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if not isinstance(self.hidden, int) or self.hidden < 1:
+            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
@@ -62,10 +68,6 @@ class Problem(RowProblem):
     # A model's plan tunes the plain LayerNorm; the residual add is tuned where asked for.
     engines_fuse_residual: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        if not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
 
     def __repr__(self) -> str:
         # The residual flag only where set: a plain problem's repr, which kernel names hash,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autonorm.dtypes import normalize_dtype
 from autonorm.ops.layer_norm.problem import RowProblem
 
 
@@ -33,9 +32,7 @@ class Problem(RowProblem):
     engines_fuse_residual: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
-        if not isinstance(self.hidden, int) or self.hidden < 1:
-            raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+        super().__post_init__()
         if self.weight_offset and not self.has_weight:
             raise ValueError("weight_offset scales by 1 + weight: it needs a weight")
 
