@@ -195,28 +195,30 @@ def test_sweep_includes_defaults_and_every_variant():
         # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register
         # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster: 16,
         # each with and without keep_x, except the 7 clustered fwd kernels (plain only); and
-        # the 5 unclustered, unprefetched fwd kernels reading skewed rows, in both forms
+        # the 5 unclustered, unprefetched fwd kernels and the unclustered bulk kernel reading
+        # skewed rows, in both forms
         skewed = {v for v in variants if v[5]}
         assert skewed == {
             (cache, stats, False, False, keep, True)
             for cache, stats in (("registers", "two_pass"), ("registers", "welford"),
-                                 ("smem", "two_pass"), ("smem", "welford"), ("none", "welford"))
+                                 ("smem", "two_pass"), ("smem", "welford"), ("none", "welford"),
+                                 ("bulk", "two_pass"))
             for keep in (False, True)
         }, sorted(skewed)
-        assert len(variants) == 35, sorted(variants)
+        assert len(variants) == 37, sorted(variants)
         assert not {v for v in variants if v[0] != "bulk" and v[2] and v[4]}
         assert {v for v in variants if v[0] == "bulk"} == {
-            ("bulk", "two_pass", cluster, False, keep, False)
-            for cluster in (False, True) for keep in (False, True)
+            ("bulk", "two_pass", cluster, False, keep, skew)
+            for cluster, skew in ((False, False), (True, False), (False, True))
+            for keep in (False, True)
         }
         unclustered = {v for v in variants if v[0] == "bulk" or not v[2]}
         assert {v[:4] + (not v[4],) + v[5:] for v in unclustered} == unclustered  # both forms
-        # every hidden size but the odd one has a bulk kernel (fp32 65536 only with a cluster:
-        # 16 vectors per thread at 1024 threads exceed the bulk kernel's 8); TMA needs rows of
-        # whole 16-byte vectors
+        # every hidden size has a bulk kernel (fp32 65536 only with a cluster: 16 vectors per
+        # thread at 1024 threads exceed the bulk kernel's 8; the odd one unclustered)
         assert {k.problem.hidden for k in kernels if k.config.cache == "bulk"} == set(
             SWEEP_HIDDEN
-        ) - {4099}
+        )
         # shared-memory caches filled by cp.async (plan.fills_async) are compiled too
         assert any(fills_async(k.config, k.problem) for k in kernels)
 

@@ -18,6 +18,7 @@ from autonorm.ops.layer_norm import heuristic, space
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.heuristic import default_config, row_kernel_default
+from autonorm.ops.layer_norm.plan import derive_plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
 from autonorm.runtime.limits import H200, DeviceLimits
@@ -129,12 +130,24 @@ def test_the_rule_fits_its_stages_to_the_shared_memory():
 
 
 def test_rows_the_bulk_kernel_cannot_take_fall_to_the_row_kernel():
-    # Rows of odd length reach no 16-byte boundary for the bulk engine; few short rows are not
-    # split (the split gained nothing under 32 KB).
-    for problem, rows in ((Problem(16385, "bfloat16"), 4096), (Problem(20001, "float32"), 1),
+    # Skewed rows over 64 KB would need a cluster, which they cannot take; few short rows are
+    # not split (the split gained nothing under 32 KB).
+    for problem, rows in ((Problem(26531, "float32"), 2529), (Problem(20001, "float32"), 1),
+                          (Problem(40001, "bfloat16"), 1677),
                           (Problem(4096, "bfloat16"), 1), (Problem(6144, "float32"), 8)):
         config = default_config(problem, H200, rows)
         assert config.cache != "bulk" and config.cluster == 1, (problem, rows, config.label())
+        assert check(config, problem) == []
+
+
+def test_skewed_rows_up_to_64_kb_take_the_unclustered_bulk_kernel():
+    # Odd rows of 16 KB and up stage their tiles' aligned spans (bf16 26531: 58.3% of copy
+    # against the row kernel's 49.3%, fp32 4097 at 16 KB: 66-88% against 37.6%; H200).
+    for problem, rows in ((Problem(16385, "bfloat16"), 4096), (Problem(26531, "bfloat16"), 2529),
+                          (Problem(4097, "float32"), 16380)):
+        config = default_config(problem, H200, rows)
+        assert config.cache == "bulk" and config.cluster == 1, (problem, rows, config.label())
+        assert derive_plan(config, problem).shape.skewed
         assert check(config, problem) == []
 
 

@@ -1,12 +1,13 @@
 """GPU: rows off the vector grid verify at every alignment, and broken skewed kernels fail.
 
 Where the vector does not divide the hidden size, row r starts (r * hidden) % vec elements
-into an aligned vector and the row kernel reads it skewed (docs/kernels.md). The verifier's
-cases have :data:`VERIFY_ROWS` rows, so every offset a hidden size can have comes round in each
-case; the first test asserts that before it verifies a cover of the skewed kernel's template
-branches at hidden sizes 1 to a few past each vector width, and at odd sizes from 1,001 up.
-fp32 keeps its 1e-6 on rows of mean 1000 and spread 0.1. Three broken skewed kernels (pads
-counted in the statistics, weights read unshifted, partial vectors written whole) must fail.
+into an aligned vector and the row kernel and the unclustered bulk-copy kernel read it skewed
+(docs/kernels.md). The verifier's cases have :data:`VERIFY_ROWS` rows, so every offset a hidden
+size can have comes round in each case; the first test asserts that before it verifies a cover
+of both kernels' skewed branches at hidden sizes 1 to a few past each vector width, and at odd
+sizes from 1,001 up. fp32 keeps its 1e-6 on rows of mean 1000 and spread 0.1. Broken skewed
+kernels of each (pads counted in the statistics, weights read unshifted, partial vectors
+written whole) must fail.
 """
 
 from __future__ import annotations
@@ -38,7 +39,16 @@ BREAKS = {
     # each vector takes the weights of the aligned grid, not the row's
     "weights-unshifted": ("load_shifted(wseg, j, h)", "load_vec(wseg + (size_t)j * V)"),
     # a partial vector is stored whole, over the neighbouring rows and past the last one
-    "whole-stores": ("  if (full) store_vec(p, v);", "  store_vec(p, v);"),
+    "whole-stores": ("  if (full) store_whole(p, v);", "  store_whole(p, v);"),
+}
+
+# The bulk-copy kernel's own: pass 2 masks the pads by a select, the weights held in registers
+# are shifted once for the offset of the thread's rows.
+BULK_BREAKS = {
+    "pads-counted": ("in_row(j * V - h + q) ? ", "true ? "),
+    "weights-unshifted": ("wr[it] = load_shifted(wseg, j, h);",
+                          "wr[it] = load_vec(wseg + (size_t)j * V);"),
+    "whole-stores": BREAKS["whole-stores"],
 }
 
 
@@ -52,7 +62,8 @@ def branch(plan: Plan) -> tuple:
     c = plan.config
     tpr = plan.shape.threads_per_row
     return (c.cache, c.stats, c.rows_per_block > 1, c.keep_x, plan.fp32_row, plan.async_fill,
-            plan.fused_passes, plan.unrolled_store, (tpr > 32) - (tpr < 32), c.blocks_per_sm > 0)
+            plan.fused_passes, plan.unrolled_store, (tpr > 32) - (tpr < 32), c.blocks_per_sm > 0,
+            plan.fp32_tile, plan.deferred_refill)
 
 
 def skewed_cover(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001
@@ -165,6 +176,15 @@ def test_fp32_offset_rows_stay_within_1e6_when_skewed(compiled, hidden: int) -> 
     verify_offset_rows(compiled, problem, render(config, problem, compiled.limits))
 
 
+@pytest.mark.parametrize("hidden", (4097, 12289, 26531))
+def test_fp32_offset_rows_stay_within_1e6_in_the_skewed_bulk_kernel(compiled, hidden: int) -> None:
+    problem = Problem(hidden, "float32")
+    threads = 256 if hidden < 8192 else 1024
+    config = KernelConfig(threads, 4, 1, "bulk", "two_pass", 1, 0, 2)
+    assert derive_plan(config, problem, compiled.limits).shape.skewed, config.label()
+    verify_offset_rows(compiled, problem, render(config, problem, compiled.limits))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(BREAKS))
 def test_a_broken_skewed_kernel_is_rejected(compiled, dtype: str, name: str) -> None:
@@ -172,4 +192,19 @@ def test_a_broken_skewed_kernel_is_rejected(compiled, dtype: str, name: str) -> 
     problem = Problem(4099 if dtype != "float32" else 4097, dtype)
     config = KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 1, 0)
     rendered = render(config, problem, compiled.limits)
+    assert_break_rejected(compiled, problem, rendered, old, new, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(BULK_BREAKS))
+def test_a_broken_skewed_bulk_kernel_is_rejected(compiled, dtype: str, name: str) -> None:
+    old, new = BULK_BREAKS[name]
+    problem = Problem(4099 if dtype != "float32" else 4097, dtype)
+    # Weights in registers: fp32 at 512 threads (5 vectors a thread at 256 leave no registers
+    # for them), 16-bit at 256 (at 512 the tile is held as fp32 in their place).
+    threads = 512 if dtype == "float32" else 256
+    config = KernelConfig(threads, problem.max_vec, 1, "bulk", "two_pass", 1, 0, 2)
+    rendered = render(config, problem, compiled.limits)
+    plan = derive_plan(config, problem, compiled.limits)
+    assert plan.shape.skewed and plan.weights_in_registers, config.label()
     assert_break_rejected(compiled, problem, rendered, old, new, name)

@@ -57,7 +57,8 @@ def test_vector_wider_than_16_bytes_rejected():
 
 def test_vec_not_dividing_hidden_reads_rows_skewed():
     # 1004 = 4 x 251: 16-byte vectors do not tile a row, so rows start off the vector grid. The
-    # row kernel reads them skewed; the bulk kernel (TMA) and a prefetching kernel refuse them.
+    # row kernel and the unclustered bulk kernel read them skewed; a cluster of the bulk kernel
+    # and a prefetching kernel refuse them.
     problem = Problem(1004, "bfloat16")
     skewed = KernelConfig(threads=128, vec=8, cache="smem", stats="welford")
     assert_accepted(skewed, problem)
@@ -65,8 +66,11 @@ def test_vec_not_dividing_hidden_reads_rows_skewed():
     assert plan.shape.skewed and not plan.shape.even
     assert plan.shape.vectors == 126  # ceil((1004 + 7) / 8): a row spans one vector more
     assert not derive_plan(dataclasses.replace(skewed, vec=4), problem).shape.skewed
-    assert_rejected(KernelConfig(128, 8, 1, "bulk", "two_pass", 1, 0, 2), problem,
-                    "needs rows of whole 16-byte vectors")
+    bulk = KernelConfig(128, 8, 1, "bulk", "two_pass", 1, 0, 2)
+    assert_accepted(bulk, problem)
+    assert derive_plan(bulk, problem).shape.skewed
+    assert_rejected(KernelConfig(128, 8, 1, "bulk", "two_pass", 2, 0, 2), problem,
+                    "splits only rows of whole 16-byte vectors over a cluster")
     assert_rejected(KernelConfig(128, 8, 1, "registers", "two_pass", 1, 4), problem,
                     "a prefetching kernel")
     assert_rejected(KernelConfig(1024, 8, 1, "smem", "two_pass", 2, 0), problem,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from pathlib import Path
 
 import jinja2
@@ -151,6 +152,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "ITERS": shape.iters,
         "EVEN": shape.even,
         "SKEW": shape.skewed,
+        "PERIOD": config.vec // math.gcd(problem.hidden, config.vec),
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config.threads,
         "ONE_PASS": plan.fused_passes,

@@ -25,10 +25,12 @@ def bulk_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
         reasons.append("the bulk-copy kernel needs stages >= 1")
     if config.vec * problem.itemsize != 16:
         reasons.append("the bulk-copy kernel reads 16-byte vectors: vec must be 16 bytes")
-    elif shape.skewed:
-        # Its tiles arrive by TMA, which copies 16-byte multiples from 16-byte aligned rows.
-        reasons.append(f"the bulk-copy kernel needs rows of whole 16-byte vectors: vec "
-                       f"{config.vec} does not divide hidden {problem.hidden}")
+    elif shape.skewed and config.cluster > 1:
+        # A skewed tile arrives as one copy of the aligned vectors that span it (TMA copies
+        # 16-byte multiples from 16-byte aligned addresses); a cluster's segments would each
+        # need one of their own, at offsets that change from row to row.
+        reasons.append(f"the bulk-copy kernel splits only rows of whole 16-byte vectors over a "
+                       f"cluster: vec {config.vec} does not divide hidden {problem.hidden}")
     if config.stats != "two_pass":
         # It reads the staged row from shared memory twice; one-pass Welford would save nothing.
         reasons.append("the bulk-copy kernel computes two-pass statistics only")
