@@ -37,6 +37,7 @@ KERNEL_TEMPLATES = (
     "layer_norm_fwd.cu.j2",
     "reduce.cuh.j2",
     "convert.cuh.j2",
+    "skew.cuh.j2",
     "layer_norm_bulk.cu.j2",
 )
 
