@@ -236,6 +236,28 @@ def _known_spill_kernels() -> list[RenderedKernel]:
 
 @requires_nvcc
 @pytest.mark.slow
+def test_skewed_bulk_kernels_of_seven_vectors_a_thread_do_not_spill():
+    # With weight and bias held in registers these spilled 16-92 bytes (plan.SKEWED_WEIGHT_ITERS);
+    # the plan now reads them from L1 there, and keeps them in registers at 5 vectors a thread.
+    kernels, held = [], []
+    for dtype, hidden, threads in (("bfloat16", 12289, 256), ("float16", 12289, 256),
+                                   ("float32", 12289, 512), ("bfloat16", 4099, 256)):
+        for residual in (False, True):
+            problem = Problem(hidden, dtype, residual=residual)
+            config = KernelConfig(threads, problem.max_vec, 1, "bulk", "two_pass", 1, 0, 2)
+            plan = derive_plan(config, problem, H200)
+            assert plan.shape.skewed
+            held.append(plan.weights_in_registers)
+            kernels.append(render(config, problem, H200))
+    assert held == [False] * 6 + [True] * 2
+    reports = compile_offline(kernels, "sm_90")
+    spilled = [f"{k.problem} {k.config.label()}: {reports[k.name].spill_stores} B"
+               for k in kernels if reports[k.name].spills]
+    assert not spilled, "\n".join(spilled)
+
+
+@requires_nvcc
+@pytest.mark.slow
 def test_known_spills_are_fixed():
     # The one-warp-block cases were fixed by counting registers per SM quarter, the 1024-thread
     # fp32 ones by rules_registers.spills_at_1024_fp32: none of them is valid any more.
