@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 from pathlib import Path
 
 import jinja2
@@ -153,7 +152,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "ITERS": shape.iters,
         "EVEN": shape.even,
         "SKEW": shape.skewed,
-        "PERIOD": config.vec // math.gcd(problem.hidden, config.vec),
+        "PERIOD": shape.period,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config.threads,
         "ONE_PASS": plan.fused_passes,

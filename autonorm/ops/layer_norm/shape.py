@@ -37,6 +37,11 @@ class Shape:
         return self.head > 0
 
     @property
+    def period(self) -> int:
+        """Rows from one to the next that starts at the same offset: vec / gcd(hidden, vec)."""
+        return self.vec // (self.vec - self.head)
+
+    @property
     def even(self) -> bool:
         """True when the vectors tile the segment exactly (no tail guard needed)."""
         return not self.skewed and self.segment == self.iters * self.threads_per_row * self.vec
