@@ -24,25 +24,12 @@ from autonorm.errors import (
 from autonorm.numerics import measure_error
 from autonorm.ops.layer_norm.reference import layer_norm_reference
 
-pytestmark = pytest.mark.gpu
+# Dispatch from an empty user DB (and the shipped one), never the developer's own; cp is the
+# conftest's CuPy on that DB.
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_db")]
 
 DTYPES = ["float32", "float16"]
 EPS = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fresh_user_db(tmp_path_factory):
-    """Dispatch from an empty user DB (and the shipped one), never the developer's own."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AUTONORM_DB", str(tmp_path_factory.mktemp("db") / "user.db"))
-        dispatch.clear_cache()
-        yield
-        dispatch.clear_cache()
-
-
-@pytest.fixture(scope="module")
-def cp() -> Any:
-    return pytest.importorskip("cupy")
 
 
 def make(

@@ -187,11 +187,12 @@ class _NumpyResidualKernel:
         y[:rows] = from_float64(out, d).view(y.dtype)
 
 
+@pytest.mark.parametrize("norm", [Problem, LNProblem], ids=["rms", "layer"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_verifier_checks_the_residual_sum_bit_for_bit(dtype: str):
+def test_the_verifier_checks_the_residual_sum_bit_for_bit(norm: type, dtype: str):
     from autonorm.ops.layer_norm.verify import verify
 
-    problem = Problem(64, dtype, residual=True)
+    problem = norm(64, dtype, residual=True)
     good = verify(_NumpyResidualKernel(problem), problem, xp=np)
     assert good.ok, good.summary()
     bad = verify(_NumpyResidualKernel(problem, break_h=True), problem, xp=np)
