@@ -3,9 +3,10 @@
 ``import autonorm`` works on a machine without a GPU: CuPy is imported only when a kernel is
 compiled or launched.
 
-Run from the parent directory of a checkout named ``autonorm``, ``import autonorm`` may find the
-checkout instead of this package (then ``autonorm.layer_norm`` is missing); the command line
-says so, and :mod:`autonorm.checkout` explains why the import itself cannot.
+Run from the parent directory of a checkout named ``autonorm``, ``import autonorm`` finds this
+package, installed or installed editable from the checkout; an install reached only through an
+import hook finds the checkout's root instead (then ``autonorm.layer_norm`` is missing), which
+the command line reports and :mod:`autonorm.checkout` explains.
 """
 
 from __future__ import annotations

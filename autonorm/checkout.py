@@ -1,15 +1,18 @@
 """The command line's first check: that ``import autonorm`` found this package.
 
-Python imports a directory without an ``__init__.py`` as a namespace package. Run from the
-parent directory of a checkout named ``autonorm``, ``import autonorm`` finds the checkout's root
-that way, ahead of an editable install (whose finder Python asks after the current directory).
-The package's modules still load, through that finder, but the names of its ``__init__.py``
-(``autonorm.layer_norm``, ``__version__``) are missing.
+Python imports a directory without an ``__init__.py`` as a namespace package only when no entry
+of ``sys.path`` holds a regular package of that name. Run from the parent directory of a
+checkout named ``autonorm``, the current directory holds such a directory (the checkout's root),
+yet a regular install still wins, and so does this project's editable install: its ``.pth`` line
+puts the checkout's root on ``sys.path``.
 
-No code of autonorm runs on ``import autonorm`` then, so ``autonorm.layer_norm`` fails with
-Python's own ``AttributeError`` and nothing here can change that. The command line can say what
-happened: importing this module (the first thing :mod:`autonorm.cli` imports, before any module
-that reads the package's names) exits with the message when the package is shadowed.
+An install that Python reaches only through an import hook, asked after the search of
+``sys.path`` (setuptools' editable finder, which it writes for layouts a path entry cannot
+express), loses to that directory. ``import autonorm`` then gives the namespace package: the
+package's modules still load, through the hook, but the names of its ``__init__.py``
+(``autonorm.layer_norm``, ``__version__``) are missing, and no autonorm code runs to say why. The
+command line can: importing this module (the first thing :mod:`autonorm.cli` imports, before any
+module that reads the package's names) exits with the message when the package is shadowed.
 """
 
 from __future__ import annotations

@@ -38,10 +38,7 @@ def shipped_db_path() -> Path | None:
     override = os.environ.get("AUTONORM_SHIPPED_DB")
     if override:
         return Path(override)
-    packaged = _PACKAGE_DIR / "tuning_db" / "autonorm.db"
-    if packaged.is_file():
-        return packaged
-    return _PACKAGE_DIR.parent / "tuning_db" / "autonorm.db"
+    return _PACKAGE_DIR / "tuning_db" / "autonorm.db"
 
 
 def keep_x_allowed() -> bool:

@@ -23,10 +23,10 @@ suites:
   buckets             tune the LLM buckets (4,096 rows at hidden 4096 and 8192) and the latency
                       buckets (rows 1, 8, 64, 512 at hidden 16384) into $OUT/shipped.db
   ship                grid and buckets from an empty $OUT/shipped.db (~6 minutes on an H200):
-                      the file to copy to tuning_db/autonorm.db
+                      the file to copy to autonorm/tuning_db/autonorm.db
   search DTYPE:H,H..  60 trials at the chosen shapes against the winners of a copy of
-                      tuning_db/autonorm.db ($OUT/shipped.db); a stored winner stays unless a
-                      challenger beats it by more than the noise in the finals
+                      autonorm/tuning_db/autonorm.db ($OUT/shipped.db); a stored winner stays
+                      unless a challenger beats it by more than the noise in the finals
                       (e.g. search bf16:1024,16384 fp32:4096)
   peers               the full peers benchmark on this tree's database ($OUT/peers/,
                       $OUT/peers_full.log)
@@ -109,14 +109,14 @@ if [[ $suite == buckets || $suite == ship ]]; then
   buckets
 fi
 if [[ $suite == ship ]]; then
-  echo "wrote $SHIPPED: copy it to tuning_db/autonorm.db"
+  echo "wrote $SHIPPED: copy it to autonorm/tuning_db/autonorm.db"
 fi
 
 if [[ $suite == search ]]; then
   if [[ $# -eq 0 ]]; then
     echo "search needs shapes, e.g. bf16:1024,16384 fp32:4096" >&2; exit 2
   fi
-  cp tuning_db/autonorm.db "$SHIPPED"
+  cp autonorm/tuning_db/autonorm.db "$SHIPPED"
   for spec in "$@"; do
     # 60 trials, 22 s a shape; the finals defend each stored winner.
     shapes=$(( $(tr -cd , <<< "${spec#*:}" | wc -c) + 1 ))
@@ -124,7 +124,8 @@ if [[ $suite == search ]]; then
       --dtypes "${spec%%:*}" --hidden "${spec#*:}" --trials 60 --timeout 22 2>&1 \
       | grep -v "^\s*$" | grep -v "━" | tee -a "$OUT/search.log" | tail -4
   done
-  echo "wrote $SHIPPED: compare it with tuning_db/autonorm.db (autonorm show), then copy it"
+  echo "wrote $SHIPPED: compare it with autonorm/tuning_db/autonorm.db (autonorm show)," \
+    "then copy it"
 fi
 
 if [[ $suite == peers ]]; then

@@ -1,4 +1,4 @@
-"""Tune a grid of shapes into one tuning database: how ``tuning_db/autonorm.db`` is built.
+"""Tune a grid of shapes into one database: how ``autonorm/tuning_db/autonorm.db`` is built.
 
 Runs on a GPU. Every (op, dtype, hidden size, row count) of the grid goes through
 :func:`autonorm.tune.session.tune_and_store`, the path ``autonorm tune`` takes: the search
@@ -12,9 +12,9 @@ Example (the shipped grid, written to a fresh file)::
 
 ``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm``, ``add_rms_norm``
 (RMSNorm after the fused residual add) and ``add_layer_norm`` (LayerNorm after it).
-``--models tuning_db/models.json`` tunes the hidden sizes of the models listed there (each size
-once; a LayerNorm model's for the LayerNorm ops, an RMSNorm model's for the RMSNorm ops) at a
-decode and a prefill row count instead;
+``--models autonorm/tuning_db/models.json`` tunes the hidden sizes of the models listed there
+(each size once; a LayerNorm model's for the LayerNorm ops, an RMSNorm model's for the RMSNorm
+ops) at a decode and a prefill row count instead;
 ``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
 ``--skip-stored`` passes over shapes the database already has a usable winner for,
 ``--snapshot`` writes the standalone file that ships, and ``--plan`` lists the shapes without
@@ -87,7 +87,7 @@ class Shape(NamedTuple):
 
 
 def load_models(path: Path) -> list[dict]:
-    """Read a list of models' norm shapes (``tuning_db/models.json``) and check every entry.
+    """Read a list of models' norm shapes (``autonorm/tuning_db/models.json``) and check each.
 
     Raises:
         OSError: the file cannot be read.
@@ -180,8 +180,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shapes.add_argument("--hidden", default=None,
                         help=f"comma-separated hidden sizes (default: {DEFAULT_HIDDEN})")
     shapes.add_argument("--models", type=Path, default=None,
-                        help="a list of models' norm shapes (tuning_db/models.json): tune the "
-                        "hidden sizes of its entries of each op's norm (layer_norm or "
+                        help="a list of models' norm shapes (autonorm/tuning_db/models.json): "
+                        "tune the hidden sizes of its entries of each op's norm (layer_norm or "
                         f"rms_norm), each once, at rows {MODEL_ROWS} (decode and prefill "
                         "buckets) unless --rows is given")
     parser.add_argument("--elements", type=int, default=1 << 26,
@@ -215,8 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "database's winners as they are)")
     parser.add_argument("--snapshot", type=Path, default=None,
                         help="at the end, write the database's devices and winners (no trials) "
-                        "to this file as one standalone file: the form tuning_db/autonorm.db "
-                        "ships in")
+                        "to this file as one standalone file: the form "
+                        "autonorm/tuning_db/autonorm.db ships in")
     parser.add_argument("--plan", action="store_true",
                         help="list the shapes in tuning order and exit (no GPU needed)")
     args = parser.parse_args(argv)

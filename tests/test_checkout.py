@@ -1,10 +1,11 @@
-"""A directory named ``autonorm`` that shadows the package (a checkout, run from its parent).
+"""``import autonorm`` from the parent directory of a checkout named ``autonorm``.
 
-``import autonorm`` from the parent of a checkout named ``autonorm`` finds the checkout's root as
-a namespace package, ahead of an editable install. No autonorm code runs then, so
-``autonorm.layer_norm`` fails with Python's own AttributeError (autonorm.checkout explains why
-nothing can hook it); the command line, whose modules still load, says what happened in one
-line. Where the install is not editable, the installed package wins and everything works.
+That directory holds the checkout's root, a directory named ``autonorm`` without an
+``__init__.py``, which Python would import as a namespace package. The install must still win:
+a regular install, or the editable one, whose ``.pth`` line puts the checkout's root on
+``sys.path`` (pyproject.toml keeps every package under the root so that setuptools writes one).
+An install reached only through an import hook loses to the directory; the command line then
+says so in one line (autonorm.checkout), which a simulated hook checks here.
 """
 
 from __future__ import annotations
@@ -18,41 +19,96 @@ import pytest
 
 from autonorm import checkout
 
+ROOT = Path(__file__).resolve().parent.parent
+
+# What `import autonorm` gives in the directory a test runs it from.
+REPORT = ("import autonorm; print(autonorm.__file__); "
+          "print(callable(getattr(autonorm, 'layer_norm', None)))")
+
+# An install Python reaches only through an import hook asked after the search of sys.path, as
+# setuptools' editable finder is: the path entries that hold the package are dropped, and a
+# finder appended to sys.meta_path loads autonorm's modules from this checkout.
+HOOK = f"""
+import importlib.machinery, os, sys
+root = {str(ROOT)!r}
+sys.path[:] = [p for p in sys.path
+               if not os.path.isfile(os.path.join(p or ".", "autonorm", "__init__.py"))]
+
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        parts = name.split(".")
+        if parts[0] != "autonorm":
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [os.path.join(root, *parts[:-1])])
+
+sys.meta_path.append(Finder)
+sys.argv = ["autonorm", "--help"]
+from autonorm.cli import run
+run()
+"""
+
 
 @pytest.fixture
 def parent(tmp_path: Path) -> Path:
     """A directory holding a checkout-like ``autonorm/`` (no __init__.py at its root)."""
-    root = tmp_path / "autonorm"
+    root = tmp_path / "parent" / "autonorm"
     (root / "autonorm").mkdir(parents=True)
     (root / "README.md").write_text("a checkout\n")
     (root / "pyproject.toml").write_text("[project]\nname = 'autonorm'\n")
-    return tmp_path
+    return root.parent
 
 
-def _python(parent: Path, *args: str) -> subprocess.CompletedProcess:
+def _python(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run this Python in ``cwd`` with the test environment's install (no PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, *args], cwd=parent, capture_output=True, text=True,
+    env["AUTONORM_CACHE_DIR"] = str(cwd.parent / "cache")
+    env["AUTONORM_DB"] = str(cwd.parent / "cache" / "autonorm.db")
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=120, check=False)
 
 
-def _shadowed(parent: Path) -> bool:
-    """Whether `import autonorm` from ``parent`` finds the directory (an editable install)."""
-    proc = _python(parent, "-c", "import autonorm; print(autonorm.__file__)")
+@pytest.fixture
+def installed(tmp_path: Path) -> str:
+    """The ``__init__.py`` that ``import autonorm`` finds away from any checkout."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = _python(elsewhere, "-c", REPORT)
+    if proc.returncode != 0 or proc.stdout.split()[0] == "None":
+        pytest.skip("autonorm is not installed in this environment (the tests import it from "
+                    "the working directory or PYTHONPATH), and these tests check what an "
+                    "install finds")
+    return proc.stdout.split()[0]
+
+
+def test_import_from_the_parent_of_a_checkout_gives_the_installed_package(
+    parent: Path, installed: str
+) -> None:
+    proc = _python(parent, "-c", REPORT)
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip() == "None"
+    found, has_layer_norm = proc.stdout.split()
+    assert found == installed, (
+        f"`import autonorm` from {parent} found {found} (None: the directory "
+        f"{parent / 'autonorm'} as a namespace package) instead of {installed}")
+    assert has_layer_norm == "True"
 
 
 @pytest.mark.parametrize("args", [["-m", "autonorm", "--help"],
                                   ["-m", "autonorm", "show"],
-                                  ["-c", "from autonorm.cli import run; run()"]])
-def test_the_command_line_says_a_checkout_shadows_the_package(
-    parent: Path, args: list[str]
+                                  ["-c", "import sys; sys.argv = ['autonorm', '--help'];"
+                                         " from autonorm.cli import run; run()"]])
+def test_the_command_line_works_from_the_parent_of_a_checkout(
+    parent: Path, installed: str, args: list[str]
 ) -> None:
     proc = _python(parent, *args)
-    if not _shadowed(parent):  # an installed package wins over the directory: all is well
-        assert "Traceback" not in proc.stderr and "instead of" not in proc.stderr, proc.stderr
-        return
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "instead of" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip()
+
+
+def test_the_command_line_says_an_import_hook_install_is_shadowed(parent: Path) -> None:
+    proc = _python(parent, "-c", HOOK)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip() == checkout.shadowing_message(str(parent / "autonorm"))
     assert "instead of the autonorm package" in proc.stderr

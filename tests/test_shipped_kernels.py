@@ -31,7 +31,7 @@ from autonorm.store.db import SCHEMA_VERSION, TuningDB, TuningKey
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "shipped_kernels.json"
 CODE_BEFORE = Path(__file__).resolve().parent / "fixtures" / "shipped_code_before.json.gz"
-SHIPPED = Path(__file__).resolve().parent.parent / "tuning_db" / "autonorm.db"
+SHIPPED = Path(__file__).resolve().parent.parent / "autonorm" / "tuning_db" / "autonorm.db"
 
 H200 = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6016, 3201000)
 

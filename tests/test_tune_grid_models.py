@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO / "tuning_db" / "models.json"
+MODELS = REPO / "autonorm" / "tuning_db" / "models.json"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import tune_grid  # noqa: E402 - benchmarks/ is not a package

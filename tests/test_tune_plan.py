@@ -1,9 +1,9 @@
 """CPU tests of ``autonorm tune``'s plans: several shapes at once, or a model's config.json.
 
 The model configs below are small copies of the keys the Hugging Face configs of
-``tuning_db/models.json`` use (the hidden size's key, the eps key or its absence, nested text and
-vision configs), checked against that file's numbers. The command runs on a fake H200 with the
-fake evaluator, so nothing here needs a GPU.
+``autonorm/tuning_db/models.json`` use (the hidden size's key, the eps key or its absence, nested
+text and vision configs), checked against that file's numbers. The command runs on a fake H200
+with the fake evaluator, so nothing here needs a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from autonorm.tune import plan
 from autonorm.tune.plan import PlanError, Shape
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {m["name"]: m for m in json.loads((ROOT / "tuning_db/models.json").read_text())["models"]}
+MODELS_JSON = ROOT / "autonorm" / "tuning_db" / "models.json"
+MODELS = {m["name"]: m for m in json.loads(MODELS_JSON.read_text())["models"]}
 
 # name in models.json -> its config.json, cut to the keys a plan reads (and a distractor or two).
 CONFIGS = {

@@ -52,7 +52,7 @@ RMS_MODEL_TYPES = frozenset({
 OFFSET_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
 
 # LayerNorm models whose config.json holds no eps: the eps their code builds the norm with
-# (tuning_db/models.json's eps_from).
+# (autonorm/tuning_db/models.json's eps_from).
 LAYER_NORM_EPS = {"bart": 1e-5, "mbart": 1e-5, "whisper": 1e-5, "opt": 1e-5,
                   "distilbert": 1e-12, "siglip": 1e-6, "siglip_vision_model": 1e-6,
                   "siglip_text_model": 1e-6}

@@ -1,0 +1,31 @@
+"""What a wheel of autonorm holds: pyproject.toml names every package and the shipped data.
+
+pyproject.toml lists its packages by hand, and an editable install (the project root on
+sys.path) imports a package the list forgets, so only an installed wheel would miss it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="tomllib arrived in Python 3.11")
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_package_of_the_tree_is_listed() -> None:
+    tree = {".".join(p.parent.relative_to(ROOT).parts)
+            for p in (ROOT / "autonorm").rglob("__init__.py")}
+    assert tree - set(SETUPTOOLS["packages"]) == set()
+
+
+@pytest.mark.parametrize("name", ["autonorm.db", "models.json"])
+def test_the_shipped_data_is_package_data(name: str) -> None:
+    assert (ROOT / "autonorm" / "tuning_db" / name).is_file()
+    assert "autonorm.tuning_db" in SETUPTOOLS["packages"]
+    patterns = SETUPTOOLS["package-data"]["autonorm.tuning_db"]
+    assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
