@@ -45,7 +45,7 @@ BREAKS = {
 # The bulk-copy kernel's own: pass 2 masks the pads by a select, the weights held in registers
 # are shifted once for the offset of the thread's rows.
 BULK_BREAKS = {
-    "pads-counted": ("in_row(j * V - h + q) ? ", "true ? "),
+    "pads-counted": ("(!may_part(it) || in_row(j * V - h + q)) ? ", "true ? "),
     "weights-unshifted": ("wr[it] = load_shifted(wseg, j, h);",
                           "wr[it] = load_vec(wseg + (size_t)j * V);"),
     "whole-stores": BREAKS["whole-stores"],
