@@ -238,7 +238,8 @@ def _known_spill_kernels() -> list[RenderedKernel]:
 @pytest.mark.slow
 def test_skewed_bulk_kernels_of_seven_vectors_a_thread_do_not_spill():
     # With weight and bias held in registers these spilled 16-92 bytes (plan.SKEWED_WEIGHT_ITERS);
-    # the plan now reads them from L1 there, and keeps them in registers at 5 vectors a thread.
+    # the plan now reads them from L1 there, and keeps them in registers at 5 vectors a thread
+    # where they fit (bf16 4099 t256 plain; with the residual add, a block fewer would hold them).
     kernels, held = [], []
     for dtype, hidden, threads in (("bfloat16", 12289, 256), ("float16", 12289, 256),
                                    ("float32", 12289, 512), ("bfloat16", 4099, 256)):
@@ -249,7 +250,7 @@ def test_skewed_bulk_kernels_of_seven_vectors_a_thread_do_not_spill():
             assert plan.shape.skewed
             held.append(plan.weights_in_registers)
             kernels.append(render(config, problem, H200))
-    assert held == [False] * 6 + [True] * 2
+    assert held == [False] * 6 + [True, False]
     reports = compile_offline(kernels, "sm_90")
     spilled = [f"{k.problem} {k.config.label()}: {reports[k.name].spill_stores} B"
                for k in kernels if reports[k.name].spills]

@@ -102,6 +102,8 @@ def bulk_blocks(
     with_weights = base - 4 * iters + 4 * iters * affine
     if config.rows_per_block > 1:  # 2048, 4-16 rows of a warp, 8 vectors: 16-104 B spilled
         with_weights += 32
+    if problem.residual:  # 16-bit 16384, t512, 4 vectors, at the 64-register cap: 8-16 B spilled
+        with_weights += 8
 
     def fits(need: int, blocks: int) -> bool:
         # 8 registers of margin, allocation in units of 8, and registers split per scheduler

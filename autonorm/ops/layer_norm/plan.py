@@ -54,8 +54,10 @@ FP32_TILE_MAX = 16
 UNROLL_STORE_ITERS = 8
 
 # Skewed rows keep weight and bias in the bulk kernel's registers up to this many vectors a
-# thread: at 6 and 7, 17 of 429 skewed bulk kernels that held them spilled 4-92 bytes under nvcc
-# 13.0 for sm_90 (bf16, fp16 and fp32 at 6001-20001, plain and residual), none at 5 or fewer.
+# thread, one fewer with the residual add: at 6 and 7, 17 of 429 skewed bulk kernels that held
+# them spilled 4-92 bytes under nvcc 13.0 for sm_90 (bf16, fp16 and fp32 at 6001-20001, plain and
+# residual), none at 5 or fewer; with the residual add, 4 of the default's 16-bit t128 picks at
+# 5 vectors spilled 4-12 bytes (4801-5055).
 SKEWED_WEIGHT_ITERS = 5
 
 
@@ -156,7 +158,7 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         min_blocks=min_blocks,
         # A tile held as fp32 takes the registers the weights would have had.
         weights_in_registers=wreg and not fp32_tile and not (
-            shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS),
+            shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual)),
         prefetch=prefetch,
         async_fill=async_fill,
         fp32_row=config.cache == "registers" and sixteen_bit and elems <= FP32_ROW_MAX,
