@@ -151,6 +151,32 @@ def test_skewed_rows_up_to_64_kb_take_the_unclustered_bulk_kernel():
         assert check(config, problem) == []
 
 
+def test_many_skewed_rows_from_4_kb_take_the_bulk_kernel_at_two_stages():
+    # At 36 rows an SM and more, skewed rows of 4-64 KB run the unclustered bulk kernel, where
+    # aligned rows under 16 KB keep the row kernel.
+    for dtype, hidden in (("bfloat16", 2053), ("bfloat16", 4099), ("float16", 9001),
+                          ("float32", 1025), ("float32", 6001)):
+        problem = Problem(hidden, dtype)
+        rows = (1 << 26) // hidden
+        config = default_config(problem, H200, rows)
+        assert (config.cache, config.cluster, config.stages) == ("bulk", 1, 2), config.label()
+        assert derive_plan(config, problem).shape.skewed
+        assert check(config, problem) == []
+        aligned = Problem(hidden // problem.max_vec * problem.max_vec, dtype)
+        if aligned.hidden * aligned.itemsize < heuristic.BULK_MIN_ROW_BYTES:
+            assert default_config(aligned, H200, rows).cache != "bulk"
+    # Under 4 KB, and with fewer rows, the row kernel stays.
+    assert default_config(Problem(1001, "bfloat16"), H200, 1 << 16).cache != "bulk"
+    assert default_config(Problem(4099, "bfloat16"), H200, 4096).cache != "bulk"
+
+
+def test_the_bulk_threads_count_a_skewed_rows_extra_vector():
+    # bf16 8191 spans 1,025 vectors, one past 128 threads x 8: the rule takes 256 threads.
+    config = default_config(Problem(8191, "bfloat16"), H200, 8193)
+    assert (config.cache, config.threads) == ("bulk", 256), config.label()
+    assert check(config, Problem(8191, "bfloat16")) == []
+
+
 def test_the_latency_split_needs_rows_of_32_kb():
     for dtype in DTYPES:
         itemsize = Problem(1, dtype).itemsize

@@ -44,8 +44,10 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   or less (the H200's L2 is 60 MB).
 
 Rows off the vector grid (skewed rows, docs/kernels.md) take the bulk kernel only unclustered,
-so only up to 64 KB a row. Every pick passes ``check``; where the bulk kernel cannot run the
-problem (too little shared memory) the rule falls through to the row kernel.
+so only up to 64 KB a row, at two stages; at 36 or more rows an SM from 4 KB a row, where the
+row kernel runs them 1.1x-2.2x slower at most sizes. Every pick passes ``check``; where the
+bulk kernel cannot run the problem (too little shared memory) the rule falls through to the
+row kernel.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, welford_run_cap
+from autonorm.ops.layer_norm.shape import skew_max, span_vectors
 from autonorm.runtime.limits import H200, DeviceLimits
 
 KB = 1024
@@ -91,6 +94,10 @@ SEGMENT_BYTES = 32 * KB
 KEEP_X_L2_MULTIPLE = 2
 
 ROW_KEEP_X_MAX_BYTES = 8 * KB
+
+# Skewed rows (off the vector grid) of this many bytes or more take the bulk kernel from
+# BULK_ROWS_PER_SM rows an SM.
+SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
 
 def default_config(
@@ -250,9 +257,12 @@ def _hopper_candidates(
 def _bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
     """Whether the bulk-copy kernel's rows (16 KB or more) and row count pay its fixed cost."""
     row_bytes = problem.hidden * problem.itemsize
+    many = bucket >= BULK_ROWS_PER_SM * device.sm_count
+    if problem.hidden % problem.max_vec and many:
+        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
     if row_bytes < BULK_MIN_ROW_BYTES:
         return False
-    if bucket >= BULK_ROWS_PER_SM * device.sm_count:
+    if many:
         return True
     if bucket >= device.sm_count:
         return problem.hidden >= BULK_MIN_HIDDEN
@@ -272,9 +282,8 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
     vec = 16 // problem.itemsize
     # A tile's bytes: with the residual add, the residual's row is staged beside x's.
     row_bytes = problem.hidden * problem.itemsize * (2 if problem.residual else 1)
-    if problem.hidden % vec and row_bytes > WHOLE_ROW_BYTES:
-        # Skewed rows take no cluster, and a block alone over them ran behind the row kernel
-        # (fp32 26531: 57.7% of copy against 67.9%; bf16 26531, 53 KB: 58.3% against 49.3%).
+    if problem.hidden % vec:
+        yield from _skewed_bulk_configs(problem, device, bucket)
         return
     whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
     preferred = 1
@@ -295,6 +304,31 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
         for fewer in range(stages, 0, -1):
             yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, fewer,
                                keep_x=keep_x)
+
+
+def _skewed_bulk_configs(
+    problem: Problem, device: DeviceLimits, bucket: int
+) -> Iterator[KernelConfig]:
+    """The unclustered bulk kernel for skewed rows up to 64 KB: two stages, then one.
+
+    A cluster refuses skewed rows, and past 64 KB a block alone over them ran behind the row
+    kernel (fp32 26531: 57.7% of copy against 67.9%). From 4 KB, at 2^26 elements, this pick
+    ran x0.90-2.2 of the row kernel's default at 23 sizes: ahead at 20, behind at bf16 8191 and
+    fp16 3001 (x0.98) and fp32 3003 (x0.90); under 4 KB it lost at bf16 513 and 1537. Its
+    threads are the aligned rule's: the fewest that keep a thread to 8 vectors of the row's
+    span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
+    of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
+    (docs/kernels.md, skewed rows).
+    """
+    vec = problem.max_vec
+    row_bytes = problem.hidden * problem.itemsize * (2 if problem.residual else 1)
+    if row_bytes > WHOLE_ROW_BYTES:
+        return
+    vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
+    threads = min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
+    keep_x = _keeps_x(problem, device, bucket)
+    for stages in (2, 1):
+        yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
 
 
 def _keeps_x(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
