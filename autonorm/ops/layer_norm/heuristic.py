@@ -294,9 +294,7 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
     for cluster in sorted(CLUSTERS, key=lambda c: (abs(math.log2(c / preferred)), c)):
         segment_bytes = row_bytes / cluster
         vectors = math.ceil(problem.hidden / cluster / vec)
-        # The fewest threads that keep a thread to 8 vectors (the kernel's limit): every bulk
-        # winner's count.
-        threads = min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
+        threads = _bulk_threads(vectors)
         if cluster > 1:
             stages = 2
         else:
@@ -325,10 +323,18 @@ def _skewed_bulk_configs(
     if row_bytes > WHOLE_ROW_BYTES:
         return
     vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
-    threads = min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
+    threads = _bulk_threads(vectors)
     keep_x = _keeps_x(problem, device, bucket)
     for stages in (2, 1):
         yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
+
+
+def _bulk_threads(vectors: int) -> int:
+    """The fewest threads (128 to 1024) that keep a thread to 8 of a tile row's ``vectors``.
+
+    8 vectors a thread is the bulk kernel's limit, and this count is every bulk winner's.
+    """
+    return min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
 
 
 def _keeps_x(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
