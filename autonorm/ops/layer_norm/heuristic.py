@@ -283,7 +283,7 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
     # A tile's bytes: with the residual add, the residual's row is staged beside x's.
     row_bytes = problem.hidden * problem.itemsize * (2 if problem.residual else 1)
     if problem.hidden % vec:
-        yield from _skewed_bulk_configs(problem, device, bucket)
+        yield from _skewed_bulk_configs(problem, device, bucket, row_bytes)
         return
     whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
     preferred = 1
@@ -305,7 +305,7 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
 
 
 def _skewed_bulk_configs(
-    problem: Problem, device: DeviceLimits, bucket: int
+    problem: Problem, device: DeviceLimits, bucket: int, row_bytes: int
 ) -> Iterator[KernelConfig]:
     """The unclustered bulk kernel for skewed rows up to 64 KB: two stages, then one.
 
@@ -316,10 +316,10 @@ def _skewed_bulk_configs(
     threads are the aligned rule's: the fewest that keep a thread to 8 vectors of the row's
     span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
     of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
-    (docs/kernels.md, skewed rows).
+    (docs/kernels.md, skewed rows). ``row_bytes`` is what a tile stages a row, as
+    :func:`_bulk_configs` counts it (the residual's row too with the add).
     """
     vec = problem.max_vec
-    row_bytes = problem.hidden * problem.itemsize * (2 if problem.residual else 1)
     if row_bytes > WHOLE_ROW_BYTES:
         return
     vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
