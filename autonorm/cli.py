@@ -79,7 +79,8 @@ def _quiet_optuna() -> None:
               help="Optuna storage shared by workers: a journal file path (default: one per "
                    "study in the cache dir), redis://..., or postgresql://...")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes, one per local GPU, searching one shared study.")
+              help="Processes searching one shared study, one per local GPU (more than "
+                   "the GPUs share them round-robin).")
 def tune(
     no_weight: bool, no_bias: bool, weight_offset: bool, residual: bool | None,
     configs: tuple[str, ...], budget: float | None, force: bool, trials: int, timeout: float,
@@ -105,6 +106,12 @@ def tune(
         ctx = click.get_current_context()
         raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(
             p for p in ctx.command.params if p.name == "hiddens"))
+    from autonorm.tune.workers import check_shared_storage
+
+    try:  # before any GPU is asked or study touched
+        check_shared_storage(workers, storage)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--storage") from None
     _quiet_optuna()
     if configs or max(map(len, flat.values())) > 1:
         from autonorm.cli_plan import run_plan
@@ -127,6 +134,7 @@ def _tune_one(
     trials: int, timeout: float, seed: int, storage: str | None, workers: int,
 ) -> None:
     """Tune one shape and print its winner (``autonorm tune --hidden N``)."""
+    from autonorm.cli_plan import worker_gpus
     from autonorm.runtime.device import NoGPUError, query_device
     from autonorm.tune import session
     from autonorm.tune.search import TuneSettings
@@ -146,10 +154,12 @@ def _tune_one(
         f"{info.name} ({info.sm_count} SMs), study {session.study_for(problem, rows, info)}",
         err=True,
     )
+    gpus = worker_gpus(workers)
     settings = TuneSettings(n_trials=trials, timeout_s=timeout, seed=seed)
     try:
         tuned = session.tune_and_store(
-            problem, rows, settings=settings, device=info, storage=storage, workers=workers
+            problem, rows, settings=settings, device=info, storage=storage, workers=workers,
+            gpus=gpus,
         )
     except KeyboardInterrupt:
         fail("interrupted: finished trials are kept; run the same command to resume",

@@ -82,11 +82,13 @@ def tune_plan(
     storage: str | None,
     workers: int,
     results: list[PlanResult],
+    gpus: Sequence[int] | None = None,
 ) -> None:
     """Tune every shape of a plan that has no usable winner yet (all with ``force``).
 
     Appends one :class:`PlanResult` a shape to ``results`` as it goes, so a caller that sees
-    an interrupt still has the shapes finished before it.
+    an interrupt still has the shapes finished before it. ``gpus``: each worker's GPU
+    (:func:`worker_gpus`).
     """
     from autonorm.store.db import TuningDB
     from autonorm.tune import session
@@ -130,7 +132,7 @@ def tune_plan(
             counter = _Counter(bar, place * settings.n_trials, settings.n_trials)
             tuned = session.tune_and_store(
                 problem, shape.rows, settings=replace(settings, timeout_s=timeout),
-                device=device, storage=storage, workers=workers, quiet=True,
+                device=device, storage=storage, workers=workers, gpus=gpus, quiet=True,
                 on_trial=counter,
             )
             bar.update((place + 1) * settings.n_trials, counter.best)
@@ -180,6 +182,32 @@ def print_summary(results: Sequence[PlanResult]) -> None:
     if left:
         _say(f"{left} of {len(results)} shapes not tuned within the budget: run the same "
              "command to continue")
+
+
+def worker_gpus(workers: int) -> list[int] | None:
+    """Give each of ``workers`` processes a GPU this process sees, saying so where they share.
+
+    One worker needs no assignment (None: it runs here). More workers than GPUs share them
+    round-robin (:func:`autonorm.tune.workers.assign_gpus`), with one line on stderr naming the
+    GPUs shared. Call after :func:`autonorm.runtime.device.query_device` found a GPU.
+
+    Raises:
+        click.ClickException: the GPUs cannot be counted.
+
+    """
+    if workers == 1:
+        return None
+    from autonorm.runtime.device import NoGPUError
+    from autonorm.tune import workers as worker_pool
+
+    try:
+        count = worker_pool.visible_gpu_count()
+    except NoGPUError as exc:
+        raise click.ClickException(f"autonorm tune --workers needs CUDA GPUs: {exc}") from None
+    notice = worker_pool.sharing_notice(workers, count)
+    if notice is not None:
+        _say(notice)
+    return worker_pool.assign_gpus(workers, count)
 
 
 def _problems(shapes: Sequence[Shape]) -> list[Problem]:
@@ -247,11 +275,12 @@ def run_plan(
             forms = "; planned plain and after the residual add"
         _say(f"{norm.where}: {norm.op} over hidden {norm.hidden}{scale}, {eps}, "
              f"dtype {norm.dtype or 'not given'}{forms}")
+    gpus = worker_gpus(workers)
     results: list[PlanResult] = []
     try:
         settings = TuneSettings(n_trials=trials, timeout_s=timeout, seed=seed)
         tune_plan(shapes, problems, device, settings=settings, budget=budget, force=force,
-                  storage=storage, workers=workers, results=results)
+                  storage=storage, workers=workers, results=results, gpus=gpus)
     except KeyboardInterrupt:
         print_summary(results)
         fail("interrupted: finished shapes and trials are kept; run the same command to "

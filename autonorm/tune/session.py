@@ -27,8 +27,13 @@ from autonorm.runtime.limits import DeviceLimits
 from autonorm.store.db import TuningDB, TuningKey
 from autonorm.tune import search
 from autonorm.tune.evaluator_process import close_evaluator
-from autonorm.tune.storage import study_name_for
-from autonorm.tune.workers import run_workers
+from autonorm.tune.storage import open_storage, study_name_for
+from autonorm.tune.workers import (
+    assign_gpus,
+    check_shared_storage,
+    run_workers,
+    visible_gpu_count,
+)
 
 __all__ = ["TunedKernel", "incumbent_of", "study_for", "tune_and_store"]
 
@@ -150,13 +155,30 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
             study_name=spec["study"], settings=spec["settings"],
             on_trial=_recorder(db, spec["key"], None),
             progress=index == 0 and not spec["quiet"], worker_index=index,
-            # Worker 0 enqueues them into the new shared study; the parent's own call after
-            # the workers finds trials there and enqueues nothing.
+            # Already enqueued by the parent (_seed_shared_study): the study has trials, so
+            # this call enqueues nothing; a worker started without it would seed a new study.
             seeds=spec["seeds"],
         )
     finally:
         close_evaluator(evaluator)
         db.close()
+
+
+def _seed_shared_study(storage: str | None, study_name: str, seeds: Sequence[Config]) -> None:
+    """Enqueue the seeds into a new shared study before its workers start.
+
+    A study takes seeds only while it has no trials. Left to the workers, a worker whose
+    evaluator started first asked its own trials before the one meant to seed had opened the
+    study, and the seeds were never measured.
+    """
+    import optuna
+
+    study = optuna.create_study(storage=open_storage(storage, study_name),
+                                study_name=study_name, direction="minimize",
+                                load_if_exists=True)
+    if seeds and not study.get_trials(deepcopy=False):
+        for config in seeds:
+            study.enqueue_trial(config.to_dict(), skip_if_exists=True)
 
 
 def _stored_winner(
@@ -189,6 +211,7 @@ def tune_and_store(
     device: DeviceInfo | None = None,
     storage: str | None = None,
     workers: int = 1,
+    gpus: Sequence[int] | None = None,
     store: TuningDB | str | Path | None = None,
     evaluator_factory: EvaluatorFactory | None = None,
     on_trial: search.OnTrial | None = None,
@@ -206,12 +229,16 @@ def tune_and_store(
         rows: the row count to time at (its power-of-two bucket keys the winner).
         settings: budget and finals of the search (``finals_top`` applies to the last call;
             workers skip the finals).
-        device_id: the GPU to tune on (with ``workers`` > 1, GPUs 0..workers-1).
+        device_id: the GPU to tune on (with ``workers`` > 1, see ``gpus``).
         device: the :class:`~autonorm.runtime.device.DeviceInfo` to key the winner by; None
             queries ``device_id``.
         storage: the Optuna storage (see :func:`autonorm.tune.storage.open_storage`; None: one
             journal file per study in the cache directory).
         workers: processes searching the study at once, one per GPU; the finals run here after.
+        gpus: the GPU index of each worker (as this process sees them); None: one worker a
+            visible GPU, round-robin where there are more workers than GPUs
+            (:func:`autonorm.tune.workers.assign_gpus`; with an ``evaluator_factory``, which
+            may need no GPU, 0..workers-1).
         store: the tuning database (a :class:`~autonorm.store.db.TuningDB`, left open, or a
             path); None: the user's database.
         evaluator_factory: builds the evaluator as ``evaluator_factory(problem, rows)``
@@ -259,7 +286,11 @@ def tune_and_store(
                 "settings": replace(settings, finals_top=0), "db_path": str(db.path),
                 "evaluator_factory": evaluator_factory,
             }
-            codes = run_workers(workers, _tune_worker, (spec,), storage_url=storage)
+            check_shared_storage(workers, storage)  # before the study is touched
+            _seed_shared_study(storage, study, seeds)
+            if gpus is None and evaluator_factory is None:
+                gpus = assign_gpus(workers, visible_gpu_count())
+            codes = run_workers(workers, _tune_worker, (spec,), storage_url=storage, gpus=gpus)
             if any(codes):
                 # The study keeps what they measured; the call below measures the rest.
                 warnings.warn(f"tuning workers exited with codes {codes}", stacklevel=2)
