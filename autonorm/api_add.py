@@ -102,9 +102,9 @@ def add_layer_norm(
     ``residual``, which are returned (vLLM's form of the fused add); both forms give the same
     bits.
 
-    Accepts CuPy arrays (the tuned kernel on x's GPU, on CuPy's current stream) and NumPy arrays
-    (computed on the CPU in float64). torch tensors have :func:`autonorm.torch.add_rms_norm`
-    for RMSNorm; LayerNorm's fused add is not a torch op.
+    Accepts CuPy arrays (the tuned kernel on x's GPU, on CuPy's current stream), torch tensors
+    (see :func:`autonorm.torch.add_layer_norm`) and NumPy arrays (computed on the CPU in
+    float64).
 
     Args:
         x: input of shape (..., hidden), float32, float16 or bfloat16.
@@ -124,6 +124,10 @@ def add_layer_norm(
 
     """
     _check_in_place(in_place)
+    if type(x).__module__.startswith("torch"):
+        from autonorm import torch as autonorm_torch
+
+        return autonorm_torch.add_layer_norm(x, residual, weight, bias, eps, in_place=in_place)
     if isinstance(x, np.ndarray):
         from autonorm.ops.layer_norm.reference import layer_norm_cpu
 
@@ -131,7 +135,7 @@ def add_layer_norm(
         return _add_numpy(
             x, residual, lambda h: layer_norm_cpu(h, weight, bias, float(eps)), bool(in_place)
         )
-    _check_cupy(x, torch_too=False)
+    _check_cupy(x, torch_too=True)
     dtype, rows, hidden = _validate(x, residual, weight, bias, eps, bool(in_place))
     problem = LayerNormProblem(hidden, dtype, weight is not None, bias is not None, residual=True)
     return _launch_cupy(problem, rows, x, residual, weight, bias, float(eps), bool(in_place))

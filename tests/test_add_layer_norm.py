@@ -162,7 +162,7 @@ def test_bad_arguments_are_one_line_errors_that_name_them():
         autonorm.add_layer_norm(x, x.copy(), in_place="yes")
     with pytest.raises(InputError, match="shares memory"):
         autonorm.add_layer_norm(x, x, in_place=True)
-    with pytest.raises(InputError, match="x must be a CuPy array or a NumPy array"):
+    with pytest.raises(InputError, match="x must be a CuPy array, a torch tensor or a NumPy array"):
         autonorm.add_layer_norm([1.0, 2.0], [1.0, 2.0])
 
 

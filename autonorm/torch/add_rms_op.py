@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from autonorm.errors import InputError
-from autonorm.torch.checks import as_float, check_flag, check_weight_offset, validate_add_rms
-from autonorm.torch.custom_op import any_autocast, apply_autocast, dispatch_modes
+from autonorm.torch.add_route import AddNorm, add_backward
+from autonorm.torch.checks import check_flag, check_weight_offset, validate_add_rms
 from autonorm.torch.residual_forward import (
-    check_disjoint,
+    add_in_place_reference,
     forward_add_rms_cuda,
     forward_add_rms_reference,
 )
 from autonorm.torch.rms_op import CUDA_FP32, DEFAULT_EPS, rms_norm_grads
 
 __all__ = ["add_rms_norm"]
-
-_Tensor = torch.Tensor
-_is_compiling = torch.compiler.is_compiling
-_is_grad_enabled = torch.is_grad_enabled
-_increment_version = torch.autograd.graph.increment_version
 
 
 @torch.library.custom_op(
@@ -77,27 +71,16 @@ def _setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
 
 
 def _backward(ctx: object, grad_y: torch.Tensor | None, grad_h: torch.Tensor | None) -> tuple:
-    """Gradients of (y, h): h = x + residual feeds y, so both see grad_h + the norm's gradient.
-
-    The rounding of the sum to the dtype passes gradients straight through, as torch's add does.
-    """
+    """Gradients of (y, h): x and residual both see grad_h + the norm's gradient through h."""
     h, weight = ctx.saved_tensors
     needs_x, needs_r, needs_w = ctx.needs_input_grad[:3]
-    needs_h = needs_x or needs_r
-    if grad_y is None:  # only where autograd does not materialize unused outputs' gradients
-        grad_y = torch.zeros_like(h)
-    grad_hf, grad_w = rms_norm_grads(
-        h, weight, grad_y, ctx.eps, ctx.weight_offset, needs_h, needs_w
+    grads = add_backward(
+        h, grad_y, grad_h, needs_x, needs_r,
+        lambda g, needs_h: rms_norm_grads(
+            h, weight, g, ctx.eps, ctx.weight_offset, needs_h, needs_w
+        ),
     )
-    grad_x = grad_r = None
-    if needs_h:
-        if grad_h is not None:
-            grad_hf = grad_hf + grad_h.float()
-        grad = grad_hf.to(h.dtype)
-        grad_x = grad if needs_x else None
-        # A tensor of its own: a gradient accumulated into x.grad must not show in residual's.
-        grad_r = (grad.clone() if needs_x else grad) if needs_r else None
-    return grad_x, grad_r, grad_w, None, None
+    return (*grads, None, None)
 
 
 _add_rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
@@ -125,7 +108,9 @@ def _fused_add_rms_norm_op(
     if x.is_cuda:
         forward_add_rms_cuda(x, residual, weight, eps, weight_offset, True)
     else:
-        _add_rms_norm_in_place_reference(x, residual, weight, eps, weight_offset)
+        add_in_place_reference(
+            forward_add_rms_reference, x, residual, weight, eps, weight_offset
+        )
 
 
 @_fused_add_rms_norm_op.register_fake
@@ -139,24 +124,14 @@ def _fused_add_rms_norm_fake(
     validate_add_rms(x, residual, weight, eps, weight_offset)
 
 
-def _add_rms_norm_in_place_reference(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    weight_offset: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The in-place form with torch's ops: both results first, then both copies."""
-    validate_add_rms(x, residual, weight, eps, weight_offset)
-    check_disjoint(x, residual)
-    y, h = forward_add_rms_reference(x, residual, weight, eps, weight_offset)
-    x.copy_(y)
-    residual.copy_(h)
-    return x, residual
-
-
-_OP = torch.ops.autonorm.add_rms_norm.default
-_IN_PLACE_OP = torch.ops.autonorm.fused_add_rms_norm_.default
+_ROUTE = AddNorm(
+    torch.ops.autonorm.add_rms_norm.default,
+    torch.ops.autonorm.fused_add_rms_norm_.default,
+    forward_add_rms_cuda,
+    forward_add_rms_reference,
+    has_bias=False,
+    cuda_fp32=CUDA_FP32,
+)
 
 
 def add_rms_norm(
@@ -216,95 +191,9 @@ def add_rms_norm(
     """
     if eps is None:
         eps = DEFAULT_EPS
+    # Checked here for every path: the ops' schemas would reject a non-bool with a TypeError.
+    check_weight_offset(weight_offset, weight)
     if in_place is not False:
         check_flag(in_place, "in_place")
-        return _add_rms_norm_in_place(x, residual, weight, eps, weight_offset)
-    if _is_compiling():
-        check_weight_offset(weight_offset, weight)
-        return _OP(x, residual, weight, as_float(eps), weight_offset)
-    if type(x) is not _Tensor or type(residual) is not _Tensor or dispatch_modes():
-        # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
-        _check_tensors(x, residual)
-        check_weight_offset(weight_offset, weight)
-        if any_autocast():
-            x, residual, weight = _autocast(x, residual, weight)
-        return _OP(x, residual, weight, as_float(eps), weight_offset)
-    if any_autocast():
-        x, residual, weight = _autocast(x, residual, weight)
-    if _is_grad_enabled() and (
-        x.requires_grad
-        or residual.requires_grad
-        or (weight is not None and weight.requires_grad)
-    ):
-        check_weight_offset(weight_offset, weight)
-        return _OP(x, residual, weight, as_float(eps), weight_offset)
-    if x.is_cuda:
-        return forward_add_rms_cuda(x, residual, weight, eps, weight_offset)
-    return forward_add_rms_reference(x, residual, weight, eps, weight_offset)
-
-
-def _add_rms_norm_in_place(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    weight_offset: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The in-place form of :func:`add_rms_norm`: y into x, h into residual."""
-    _check_tensors(x, residual)
-    check_weight_offset(weight_offset, weight)
-    if _is_grad_enabled() and (
-        x.requires_grad
-        or residual.requires_grad
-        or (isinstance(weight, torch.Tensor) and weight.requires_grad)
-    ):
-        raise InputError(
-            "in_place=True has no gradient: x, residual and weight must not require grad "
-            "(use the functional form, or torch.no_grad() / torch.inference_mode())"
-        )
-    if (
-        _is_compiling()
-        or type(x) is not _Tensor
-        or type(residual) is not _Tensor
-        or dispatch_modes()
-    ):
-        _IN_PLACE_OP(x, residual, weight, as_float(eps), weight_offset)
-        return x, residual
-    if x.is_cuda:
-        forward_add_rms_cuda(x, residual, weight, eps, weight_offset, True)
-        # The kernel writes behind autograd's back: bump the version counters, so a graph that
-        # saved x or residual refuses to run backward on the new values (no-op in inference).
-        _increment_version((x, residual))
-        return x, residual
-    return _add_rms_norm_in_place_reference(x, residual, weight, eps, weight_offset)
-
-
-def _check_tensors(x: object, residual: object) -> None:
-    """Raise InputError naming x or residual where one is no tensor (before an op's schema)."""
-    for name, t in (("x", x), ("residual", residual)):
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
-def _autocast(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Cast as torch's add and rms_norm behave under autocast on x's device.
-
-    CUDA: everything to float32 where this torch build runs rms_norm in float32 (the op's
-    registered rule does the same), else x and the residual to their promoted dtype and the
-    weight to it.
-    CPU: the weight follows x's dtype, as for rms_norm; the residual is left as it is.
-    """
-    if x.is_cuda and CUDA_FP32:
-        x, weight, residual = apply_autocast(x, weight, residual)
-    elif x.is_cuda:
-        # torch's add promotes x and the residual; its rms_norm then keeps h's dtype and takes
-        # the weight as it is: the weight follows h here, which gives h's dtype out too.
-        if x.dtype != residual.dtype and x.is_floating_point() and residual.is_floating_point():
-            common = torch.promote_types(x.dtype, residual.dtype)
-            x, residual = x.to(common), residual.to(common)
-        x, weight, _ = apply_autocast(x, weight, None, cuda_fp32=False)
-    else:
-        x, weight, _ = apply_autocast(x, weight, None)
-    return x, residual, weight
+        return _ROUTE.in_place(x, residual, weight, None, eps, (weight_offset,))
+    return _ROUTE.functional(x, residual, weight, None, eps, (weight_offset,))

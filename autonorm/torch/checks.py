@@ -113,13 +113,44 @@ def validate_add_rms(
     """Check the arguments of :func:`autonorm.torch.add_rms_norm` and return the hidden size.
 
     Raises:
-        InputError: as :func:`validate_rms` does, or residual is not a tensor.
+        InputError: as :func:`validate_rms` does, or as :func:`check_residual` does.
+        ShapeError, UnsupportedDtypeError, DeviceMismatchError: as :func:`check_residual` does.
+
+    """
+    hidden = validate_rms(x, weight, eps, weight_offset)
+    check_residual(x, residual)
+    return hidden
+
+
+def validate_add_ln(
+    x: object,
+    residual: object,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: object,
+) -> int:
+    """Check the arguments of :func:`autonorm.torch.add_layer_norm` and return the hidden size.
+
+    Raises:
+        InputError: as :func:`validate` does, or as :func:`check_residual` does.
+        ShapeError, UnsupportedDtypeError, DeviceMismatchError: as :func:`check_residual` does.
+
+    """
+    hidden = validate(x, weight, bias, eps)
+    check_residual(x, residual)
+    return hidden
+
+
+def check_residual(x: torch.Tensor, residual: object) -> None:
+    """Raise unless ``residual`` is a tensor of x's shape, dtype and device.
+
+    Raises:
+        InputError: residual is not a tensor.
         ShapeError: residual's shape is not x's.
         UnsupportedDtypeError: residual's dtype is not x's.
         DeviceMismatchError: residual is not on x's device.
 
     """
-    hidden = validate_rms(x, weight, eps, weight_offset)
     if not isinstance(residual, torch.Tensor):
         raise InputError(f"residual must be a torch.Tensor like x, got {type(residual).__name__}")
     if residual.shape != x.shape:
@@ -132,10 +163,16 @@ def validate_add_rms(
         )
     if residual.device != x.device:
         raise DeviceMismatchError(f"residual is on {residual.device} but x is on {x.device}")
-    return hidden
 
 
 def check_flag(value: object, name: str) -> None:
     """Raise InputError naming ``name`` unless ``value`` is True or False."""
     if type(value) is not bool:
         raise InputError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_tensors(x: object, residual: object) -> None:
+    """Raise InputError naming x or residual where one is no tensor (before an op's schema)."""
+    for name, t in (("x", x), ("residual", residual)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -14,7 +14,7 @@ from autonorm.errors import InputError
 from autonorm.torch.checks import DTYPE_NAMES, as_float, validate
 from autonorm.torch.forward import forward_cuda, forward_reference
 
-__all__ = ["layer_norm"]
+__all__ = ["layer_norm", "layer_norm_grads"]
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -64,13 +64,35 @@ def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
     """Gradients of y = (x - mean) * rstd * weight + bias, computed in float32."""
     x, weight = ctx.saved_tensors
     needs_x, needs_w, needs_b = ctx.needs_input_grad[:3]
+    grad_x, grad_w, grad_b = layer_norm_grads(
+        x, weight, grad_y, ctx.eps, needs_x, needs_w, needs_b and ctx.has_bias
+    )
+    return (None if grad_x is None else grad_x.to(x.dtype)), grad_w, grad_b, None
+
+
+def layer_norm_grads(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    grad_y: torch.Tensor,
+    eps: float,
+    needs_x: bool,
+    needs_w: bool,
+    needs_b: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Return the gradients of y = (x - mean) * rstd * weight + bias for x, weight and bias.
+
+    Mean and rstd are recomputed from ``x`` in float32. The x gradient stays in float32 (callers
+    round it once, after adding any other gradient of x); the weight and bias gradients are in
+    the weight's and x's dtype. Each is None where not needed (the weight's also without a
+    weight; pass ``needs_b`` False without a bias).
+    """
     # Centred about the row's first element first, as the kernels are: the mean of x itself
     # loses ~log2(n) fp32 roundings of |mean|, which on rows of mean 1000 and spread 0.1
     # biased xhat enough to put dweight 4e-4 from float64 (tests/test_backward_reference.py).
     xs = x.float()
     xs = xs - xs[..., :1]
     xc = xs - xs.mean(-1, keepdim=True)  # two-pass: exact enough for offset rows, unlike E[x^2]
-    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + ctx.eps)
+    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)
     xhat = xc * rstd
     dy = grad_y.float()
     # Weight and bias gradients sum over every leading dim. A 1-D x has none, and sum(())
@@ -80,13 +102,12 @@ def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
     if needs_x:
         g = dy if weight is None else dy * weight.float()
         grad_x = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
-        grad_x = grad_x.to(x.dtype)
     if needs_w and weight is not None:
         gw = dy * xhat
         grad_w = (gw.sum(lead) if lead else gw).to(weight.dtype)
-    if needs_b and ctx.has_bias:
+    if needs_b:
         grad_b = (dy.sum(lead) if lead else dy).to(x.dtype)
-    return grad_x, grad_w, grad_b, None
+    return grad_x, grad_w, grad_b
 
 
 _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)

@@ -4,8 +4,8 @@
 launch the kernel that :mod:`autonorm.dispatch` hands out (imported at the first miss), cached
 here per (device, dtype, hidden, weight form, rows bucket): building the dispatcher's problem key
 costs more than this tuple; the residual-add forwards (:mod:`.residual_forward`) share the caches
-and the launch helpers. No autograd and no dispatch happen here; :mod:`.custom_op`, :mod:`.rms_op`
-and :mod:`.add_rms_op` decide when to come here.
+and the launch helpers. No autograd and no dispatch happen here; :mod:`.custom_op`, :mod:`.rms_op`,
+:mod:`.add_rms_op` and :mod:`.add_ln_op` decide when to come here.
 
 A kernel's launch takes its parameters as one tuple in its family's order
 (:meth:`autonorm.runtime.compiler.CompiledKernel.launch`): for LayerNorm and RMSNorm alike x,
@@ -30,6 +30,8 @@ _KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 _RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 # The same key -> residual add + RMSNorm kernel.
 _ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
+# A :data:`_KERNELS` key -> residual add + LayerNorm kernel.
+_ADD_LN_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 
 
 def _raw_stream_fallback(index: int) -> int:
@@ -48,6 +50,7 @@ def clear_kernel_cache() -> None:
     _KERNELS.clear()
     _RMS_KERNELS.clear()
     _ADD_RMS_KERNELS.clear()
+    _ADD_LN_KERNELS.clear()
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -79,6 +82,12 @@ def _add_rms_norm_problem(key: tuple) -> RMSProblem:
     """The residual-add RMSNorm problem of an :data:`_ADD_RMS_KERNELS` key."""
     _, dtype, hidden, has_weight, weight_offset, _ = key
     return RMSProblem(int(hidden), DTYPE_NAMES[dtype], has_weight, weight_offset, residual=True)
+
+
+def _add_layer_norm_problem(key: tuple) -> Problem:
+    """The residual-add LayerNorm problem of an :data:`_ADD_LN_KERNELS` key."""
+    _, dtype, hidden, has_weight, has_bias, _ = key
+    return Problem(int(hidden), DTYPE_NAMES[dtype], has_weight, has_bias, residual=True)
 
 
 def _cached_or_fetched(
