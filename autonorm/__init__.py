@@ -21,7 +21,9 @@ __all__ = [
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",
+    "layer_norm_backward",
     "rms_norm",
+    "rms_norm_backward",
     "tune_on_first_use",
 ]
 
@@ -35,6 +37,10 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy attribute access (PEP 562)
         from autonorm.api import rms_norm
 
         return rms_norm
+    if name in ("layer_norm_backward", "rms_norm_backward"):
+        from autonorm import api_backward
+
+        return getattr(api_backward, name)
     if name == "add_rms_norm":
         from autonorm.api_add import add_rms_norm
 

@@ -21,7 +21,7 @@ from autonorm import __version__
 from autonorm.cli_db import db as db_commands
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
 from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
-from autonorm.cli_problem import DEFAULT_OP, build_problem, problem_options
+from autonorm.cli_problem import DEFAULT_OP, backward_ops, build_problem, problem_options
 from autonorm.errors import ConfigError
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import (
@@ -84,7 +84,7 @@ def _quiet_optuna() -> None:
 def tune(
     no_weight: bool, no_bias: bool, weight_offset: bool, residual: bool | None,
     configs: tuple[str, ...], budget: float | None, force: bool, trials: int, timeout: float,
-    seed: int, storage: str | None, workers: int, **lists: Any,
+    seed: int, storage: str | None, workers: int, backward: bool, **lists: Any,
 ) -> None:
     """Tune shapes on this GPU and store the winners.
 
@@ -102,6 +102,8 @@ def tune(
     flags = {"no_weight": no_weight, "no_bias": no_bias, "weight_offset": weight_offset}
     # --op, --hidden, --dtype, --rows: each given once or more, each time a comma list.
     flat = {name: tuple(v for group in given for v in group) for name, given in lists.items()}
+    if backward:
+        flat["ops"] = backward_ops(flat["ops"] or (DEFAULT_OP,), configs)
     if not flat["hiddens"] and not configs:
         ctx = click.get_current_context()
         raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(

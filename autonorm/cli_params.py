@@ -100,6 +100,9 @@ def tune_options(func: Any) -> Any:
         click.option("--op", "ops", type=ListParam(OP), multiple=True,
                      help="Kernel families, e.g. layer_norm,rms_norm (default: layer_norm, or "
                           "the config's norm)."),
+        click.option("--backward", is_flag=True,
+                     help="Tune the ops' backward kernels (dx, dweight, dbias): "
+                          "--op layer_norm --backward is op layer_norm_backward."),
         click.option("--hidden", "hiddens", type=ListParam(click.IntRange(min=1)),
                      multiple=True, metavar="N[,N...]",
                      help="Hidden sizes (row lengths), e.g. 4096,5120."),

@@ -119,3 +119,24 @@ def problem_options(func: Any) -> Any:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def backward_ops(ops: tuple[str, ...], configs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Return the backward family of each op (``--backward``): ``layer_norm_backward``, ...
+
+    Raises:
+        click.UsageError: an op has no backward family, or a model's ``--config`` is given
+            (its plan names forward norms).
+    """
+    if configs:
+        raise click.UsageError("--backward tunes the ops given with --op and --hidden: it "
+                               "cannot go with --config")
+    known = registry.known()
+    out = []
+    for op in ops:
+        name = op if op.endswith("_backward") else f"{op}_backward"
+        if name not in known:
+            raise click.UsageError(f"op {op} has no backward kernels (ops with them: "
+                                   f"{', '.join(k for k in known if k.endswith('_backward'))})")
+        out.append(name)
+    return tuple(out)

@@ -87,8 +87,10 @@ def describe_export(manifest: dict[str, Any]) -> str:
              if manifest.get("workspace_bytes") else "")
     target = manifest["target"]
     least = target["min_compute_capability"]
+    # A family without a host launcher exports its kernel alone: name the kernel then.
+    function = manifest.get("function") or manifest["kernel_name"]
     return (
-        f"{manifest['label']} ({manifest['source']}): {manifest['function']}(){extra}\n"
+        f"{manifest['label']} ({manifest['source']}): {function}(){extra}\n"
         f"needs a GPU of compute capability {describe_cc(least)} ({arch_name(least)}) or newer; "
         f"made for {target['arch']} ({manifest['device_limits']['name']}): compile with "
         f"nvcc -arch={target['arch']}"

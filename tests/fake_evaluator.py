@@ -33,17 +33,18 @@ def fake_median_us(config: KernelConfig) -> float:
     """Return a deterministic 'time' that favours vec=8, threads=256 and a register cache.
 
     Knows every cache of the space, the bulk-copy kernel's (with its stages) included: a
-    search may propose any of them.
+    search may propose any of them. A backward configuration (no rows per block, stats,
+    cluster or stages; its blocks per SM from 1 to 8) is timed by the fields it has.
     """
     t = 10.0
     t += 1.5 * abs(math.log2(config.vec) - 3)
     t += 1.0 * abs(math.log2(config.threads) - 8)
     t += CACHE_COST[config.cache]
-    t += 0.3 * math.log2(config.rows_per_block)
-    t += 0.2 * (config.stats == "welford")
-    t += 0.4 * math.log2(config.cluster)
-    t += PERSISTENT_COST[config.blocks_per_sm]
-    t += STAGES_COST[config.stages]
+    t += 0.3 * math.log2(getattr(config, "rows_per_block", 1))
+    t += 0.2 * (getattr(config, "stats", "") == "welford")
+    t += 0.4 * math.log2(getattr(config, "cluster", 1))
+    t += PERSISTENT_COST.get(config.blocks_per_sm, 0.25)
+    t += STAGES_COST[getattr(config, "stages", 0)]
     return t
 
 

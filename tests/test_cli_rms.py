@@ -102,7 +102,7 @@ def test_render_takes_the_layer_norm_kernel_fields_for_rms_norm():
 @pytest.mark.parametrize(("args", "expected"), [
     ([*RMS, "--no-bias"], "op rms_norm takes no --no-bias: its problem has no bias"),
     (["--weight-offset"], "op layer_norm takes no --weight-offset: its problem has no weight "
-                          "offset (1 + weight) (ops with one: rms_norm)"),
+                          "offset (1 + weight) (ops with one: rms_norm, rms_norm_backward)"),
     ([*RMS, "--weight-offset", "--no-weight"],
      "--weight-offset scales by 1 + weight: it cannot go with --no-weight"),
 ], ids=["rms-no-bias", "layer-norm-offset", "offset-without-weight"])

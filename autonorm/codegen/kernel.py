@@ -33,6 +33,7 @@ class LaunchPlan:
     rows_per_block: int
     blocks_per_sm: int
     resident: bool = False
+    barrier: bool = False
 
     def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
@@ -42,12 +43,16 @@ class LaunchPlan:
         ``resident`` plan (the bulk-copy kernel) launches as many clusters as can be resident
         at once, ``resident_clusters`` as the occupancy API reports it: a cluster that waits
         for a free GPC would run its share of the tiles after everyone else (clusters of 4
-        fill only 120 of the H200's 132 SMs).
+        fill only 120 of the H200's 132 SMs). A ``barrier`` plan (a kernel whose blocks wait
+        for each other) launches at most ``blocks_per_sm`` blocks per SM, and never more than
+        can be resident: a block that is not resident would never arrive.
         """
         tiles = max(1, -(-rows // self.rows_per_block))
         clusters = tiles
         if self.resident:
             cap = resident_clusters or sm_count * max(self.blocks_per_sm, 1) // self.cluster
+            if self.barrier:
+                cap = min(cap, sm_count * max(self.blocks_per_sm, 1) // self.cluster)
             clusters = min(tiles, max(1, cap))
         elif self.blocks_per_sm:
             clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))
@@ -57,8 +62,11 @@ class LaunchPlan:
         """Whether a launch of ``grid`` blocks over ``rows`` rows takes the dynamic schedule.
 
         Only the bulk-copy kernel (a ``resident`` plan) has one, and it pays only from
-        ``DYNAMIC_MIN_TILES`` tiles a cluster; below that the launch passes no counter.
+        ``DYNAMIC_MIN_TILES`` tiles a cluster; below that the launch passes no counter. A
+        ``barrier`` plan meets at its counter whenever it has more than one block.
         """
+        if self.barrier:
+            return grid > 1
         if not self.resident:
             return False
         tiles = -(-rows // self.rows_per_block)

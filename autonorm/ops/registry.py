@@ -11,10 +11,13 @@ import threading
 
 from autonorm.ops.base import Family
 
-# Built-in families: op name -> module whose FAMILY attribute is the family.
+# Built-in families: op name -> "module" whose FAMILY attribute is the family, or
+# "module:NAME" whose NAME attribute is.
 BUILTIN: dict[str, str] = {
     "layer_norm": "autonorm.ops.layer_norm.family",
     "rms_norm": "autonorm.ops.rms_norm.family",
+    "layer_norm_backward": "autonorm.ops.norm_backward.family:LAYER_NORM",
+    "rms_norm_backward": "autonorm.ops.norm_backward.family:RMS_NORM",
 }
 
 _FAMILIES: dict[str, Family] = {}
@@ -46,7 +49,8 @@ def get(op: str) -> Family:
     module = BUILTIN.get(op)
     if module is None:
         raise KeyError(f"unknown op {op!r}: known ops are {', '.join(known())}")
-    return register(importlib.import_module(module).FAMILY)
+    path, _, name = module.partition(":")
+    return register(getattr(importlib.import_module(path), name or "FAMILY"))
 
 
 def known() -> list[str]:

@@ -1,0 +1,106 @@
+"""Render a backward kernel: (BackwardConfig, problem) into CUDA C++ source and its launch plan.
+
+Pure and deterministic, as the forward's rendering: no GPU, no CuPy.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+from autonorm import __version__
+from autonorm.codegen.environment import environment
+from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
+from autonorm.ops.layer_norm import codegen as forward_codegen
+from autonorm.ops.norm_backward.config import BackwardConfig
+from autonorm.ops.norm_backward.plan import Plan, require_valid
+from autonorm.ops.norm_backward.problem import BackwardProblem
+from autonorm.runtime.limits import H200, DeviceLimits
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE = "norm_bwd.cu.j2"
+KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2")
+
+
+@functools.lru_cache(maxsize=1)
+def templates_hash() -> str:
+    """Return a 12-hex hash of the kernel templates (names the studies of a search)."""
+    env = environment(TEMPLATE_DIR)
+    digest = hashlib.sha256()
+    for name in sorted(KERNEL_TEMPLATES):
+        digest.update(name.encode())
+        digest.update(Path(env.loader.get_source(env, name)[1]).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def code_version() -> str:
+    """Return the package version and the templates' hash, e.g. ``0.1.0+1a2b3c4d5e6f``."""
+    return f"{__version__}+{templates_hash()}"
+
+
+def kernel_name(config: BackwardConfig, problem: BackwardProblem) -> str:
+    """Return the unique, deterministic C name of a kernel."""
+    text = repr((sorted(config.to_dict().items()), problem))
+    prefix = "autonorm_ln_bwd_" if problem.norm == "layer" else "autonorm_rms_bwd_"
+    return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def render(
+    config: BackwardConfig, problem: BackwardProblem, device: DeviceLimits | None = None
+) -> RenderedKernel:
+    """Render the kernel of ``config`` for ``problem``.
+
+    Raises:
+        autonorm.errors.ConfigError: the configuration cannot run the problem.
+    """
+    plan = require_valid(config, problem, device or H200)
+    name = kernel_name(config, problem)
+    source = environment(TEMPLATE_DIR).get_template(TEMPLATE).render(**_context(plan, name))
+    launch = LaunchPlan(
+        threads=config.threads,
+        smem_bytes=plan.smem_bytes,
+        cluster=1,
+        rows_per_block=1,
+        blocks_per_sm=config.blocks_per_sm,
+        resident=True,
+        barrier=problem.sums > 0,
+    )
+    return RenderedKernel(name, source, config, problem, launch)
+
+
+def _context(plan: Plan, name: str) -> dict[str, object]:
+    """The template's names, formatted from ``plan``."""
+    config, problem = plan.config, plan.problem
+    dtype = problem.dtype
+    return {
+        "name": name,
+        "ns": name + "_ns",
+        "label": config.label(),
+        "version": code_version(),
+        "dtype": dtype,
+        "ctype": forward_codegen._CTYPES[dtype],  # noqa: SLF001 - one table of dtype spellings
+        "to_float": forward_codegen._TO_FLOAT[dtype],  # noqa: SLF001
+        "from_float": forward_codegen._FROM_FLOAT[dtype],  # noqa: SLF001
+        "from_float2": forward_codegen._FROM_FLOAT2[dtype],  # noqa: SLF001
+        "itemsize": problem.itemsize,
+        "has_weight": problem.has_weight,
+        "has_bias": problem.has_bias,
+        "RMS": problem.norm == "rms",
+        "WOFF": problem.weight_offset,
+        "N": problem.hidden,
+        "V": config.vec,
+        "G": config.threads,
+        "ITERS": plan.iters,
+        "EVEN": plan.even,
+        "NACC": problem.sums,
+        "AB": problem.has_bias,
+        "IB": int(problem.has_weight),
+        "BPS": config.blocks_per_sm,
+        # Rows not held in registers run their passes' loops four vectors at a time: fully
+        # unrolled, the compiler issues every reload first and holds the row anyway.
+        "UNROLL": plan.iters if config.cache == "registers" else min(plan.iters, 4),
+        "cache": config.cache,
+        "PREFETCH": config.prefetch,
+        "acc": config.acc,
+    }

@@ -1,0 +1,78 @@
+"""One point of the backward kernels' space: :class:`BackwardConfig` and each field's domain.
+
+Pure logic: no CuPy, no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+THREADS = (32, 64, 128, 256, 512, 1024)
+
+VECS = (1, 2, 4, 8)
+
+# Where a row's x and dy are held between the passes: registers, or not at all (read again,
+# from L2 at best, which rows too long for registers need).
+CACHES: tuple[str, ...] = ("registers", "none")
+
+# Where a block keeps its running column sums of dy * xhat (and dy): registers, shared memory,
+# or its own row of the fp32 partials in global memory (L2), for rows too long for the others.
+ACCS: tuple[str, ...] = ("registers", "smem", "global")
+
+# Blocks per SM of the resident grid: its size, and so the number of partial rows.
+BLOCKS_PER_SM = (1, 2, 3, 4, 6, 8)
+
+_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?")
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """One backward kernel.
+
+    Attributes:
+        threads: threads per block; a block works on one row at a time.
+        vec: elements per vector access (vec * itemsize <= 16 bytes, dividing the hidden size).
+        cache: ``registers`` holds the row's x and dy in registers across the passes; ``none``
+            reads them again in each pass.
+        acc: where the block's column sums live while it runs (see :data:`ACCS`).
+        blocks_per_sm: blocks per SM of the resident grid (at most what fits at once).
+        prefetch: with the row in registers, load the block's next row while working on this
+            one (two rows a block in flight, twice the registers for them).
+    """
+
+    threads: int = 256
+    vec: int = 8
+    cache: str = "registers"
+    acc: str = "registers"
+    blocks_per_sm: int = 2
+    prefetch: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the fields as plain JSON values."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> BackwardConfig:
+        """Build a configuration from a dict (unknown keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
+
+    def label(self) -> str:
+        """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2`` (``-f``: prefetch)."""
+        return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
+                f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}")
+
+    @classmethod
+    def from_label(cls, label: str) -> BackwardConfig:
+        """Parse :meth:`label` output.
+
+        Raises:
+            ValueError: ``label`` is not a backward configuration's label.
+        """
+        match = _LABEL.fullmatch(label)
+        if match is None:
+            raise ValueError(f"not a backward kernel label: {label!r}")
+        threads, vec, cache, acc, blocks, prefetch = match.groups()
+        return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None)

@@ -1,0 +1,151 @@
+"""The launch plan of a backward kernel, derived once from (config, problem), and its rules.
+
+:func:`derive_plan` sizes a kernel (vectors per thread, shared memory, registers) and
+:func:`check` says why a configuration cannot run a problem on a device; rendering
+(:mod:`.codegen`) formats the plan and derives nothing itself.
+
+Pure logic: no CuPy, no GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autonorm.errors import ConfigError
+from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, THREADS, VECS
+from autonorm.ops.norm_backward.config import BackwardConfig as Config
+from autonorm.ops.norm_backward.problem import BackwardProblem
+
+# Elements a thread may hold per row in registers, for the row (x and dy) and for the column
+# sums: past these the estimate below spills at any occupancy worth having.
+MAX_CACHED = 32
+MAX_SUMMED = 32
+
+# Vectors a thread may take per row: the row loops unroll fully, and past this the code grows
+# without gaining loads in flight.
+MAX_ITERS = 32
+
+# Registers a thread needs besides what it holds: indices, pointers, statistics, the output
+# vector (the estimate's constant).
+BASE_REGS = 64
+
+# Static shared memory: two reduction buffers of 32 warps x 3 floats, and the column tile of
+# the final sums (128 floats a warp).
+RED_BYTES = 2 * 32 * 3 * 4
+TILE_BYTES_PER_WARP = 128 * 4
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a backward kernel is, in numbers.
+
+    Attributes:
+        config: the configuration.
+        problem: the problem.
+        nvec: vectors per row.
+        iters: vectors per thread per row.
+        even: every thread has a vector in every iteration (no guard).
+        smem_bytes: dynamic shared memory (the column sums of ``acc="smem"``).
+        static_smem: static shared memory.
+        regs: the register estimate per thread.
+    """
+
+    config: Config
+    problem: BackwardProblem
+    nvec: int
+    iters: int
+    even: bool
+    smem_bytes: int
+    static_smem: int
+    regs: int
+
+    @property
+    def sums(self) -> int:
+        """Column sums (0, 1 or 2)."""
+        return self.problem.sums
+
+
+def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
+    """Size ``config`` on ``problem`` (no validity check: :func:`check` does that)."""
+    nvec = max(1, problem.hidden // config.vec)
+    iters = -(-nvec // config.threads)
+    elems = iters * config.vec
+    words = elems * problem.itemsize / 4  # 32-bit registers holding elems stored values
+    regs = BASE_REGS + config.vec
+    if config.cache == "registers":
+        rows_held = 2 if config.prefetch else 1
+        regs += int(2 * rows_held * words + (words if problem.has_weight else 0))
+    if config.acc == "registers":
+        regs += problem.sums * elems
+    smem = problem.sums * problem.hidden * 4 if config.acc == "smem" else 0
+    static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
+    return Plan(config, problem, nvec, iters, nvec % config.threads == 0, smem, static, regs)
+
+
+def check(config: Config, problem: BackwardProblem, device: object) -> list[str]:
+    """Return why ``config`` cannot run ``problem`` on ``device`` (empty when it can)."""
+    reasons: list[str] = []
+    if config.threads not in THREADS:
+        reasons.append(f"threads must be one of {THREADS}")
+    if config.vec not in VECS:
+        reasons.append(f"vec must be one of {VECS}")
+    if config.cache not in CACHES:
+        reasons.append(f"cache must be one of {CACHES}")
+    if config.acc not in ACCS:
+        reasons.append(f"acc must be one of {ACCS}")
+    if config.blocks_per_sm not in BLOCKS_PER_SM:
+        reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
+    if reasons:
+        return reasons
+    if config.vec * problem.itemsize > 16:
+        reasons.append(f"vec {config.vec} of {problem.dtype} is wider than 16 bytes")
+    if problem.hidden % config.vec:
+        reasons.append(f"vec {config.vec} does not divide hidden {problem.hidden}")
+        return reasons
+    plan = derive_plan(config, problem)
+    if plan.nvec < config.threads and config.threads > THREADS[0]:
+        # One warp is the smallest block: rows shorter than it leave lanes idle anyway.
+        reasons.append(f"{config.threads} threads for {plan.nvec} vectors: some would idle")
+    if plan.iters > MAX_ITERS:
+        reasons.append(f"{plan.iters} vectors a thread exceed {MAX_ITERS}")
+    elems = plan.iters * config.vec
+    if config.cache == "registers" and elems > MAX_CACHED:
+        reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} cached in registers")
+    if config.prefetch and config.cache != "registers":
+        reasons.append("prefetch holds the next row in registers: it needs cache=registers")
+    if config.cache == "none" and config.acc == "registers" and problem.sums:
+        reasons.append("column sums in registers need the row in registers (unrolled loops)")
+    if problem.sums == 0 and config.acc != "registers":
+        reasons.append("no weight or bias: there are no column sums to place")
+    if config.acc == "registers" and problem.sums * elems > MAX_SUMMED:
+        reasons.append(f"{problem.sums * elems} column sums a thread exceed {MAX_SUMMED} "
+                       "registers")
+    smem = plan.smem_bytes + plan.static_smem
+    if smem > device.max_smem_optin:  # type: ignore[attr-defined]
+        reasons.append(f"{smem} bytes of shared memory exceed the block's "
+                       f"{device.max_smem_optin}")  # type: ignore[attr-defined]
+    elif smem * config.blocks_per_sm > device.smem_per_sm:  # type: ignore[attr-defined]
+        reasons.append(f"{config.blocks_per_sm} blocks of {smem} bytes of shared memory do not "
+                       "fit an SM")
+    threads = config.threads * config.blocks_per_sm
+    if threads > device.max_threads_per_sm:  # type: ignore[attr-defined]
+        reasons.append(f"{threads} threads per SM exceed {device.max_threads_per_sm}")  # type: ignore[attr-defined]
+    else:
+        cap = min(255, device.regs_per_sm // threads)  # type: ignore[attr-defined]
+        if plan.regs > cap:
+            reasons.append(f"about {plan.regs} registers a thread exceed {cap} at "
+                           f"{config.blocks_per_sm} blocks per SM")
+    return reasons
+
+
+def require_valid(config: Config, problem: BackwardProblem, device: object) -> Plan:
+    """Return the plan of a valid ``config``.
+
+    Raises:
+        autonorm.errors.ConfigError: the configuration cannot run the problem (all reasons).
+    """
+    reasons = check(config, problem, device)
+    if reasons:
+        raise ConfigError(f"{config.label()} cannot run {problem.describe()}: "
+                          + "; ".join(reasons))
+    return derive_plan(config, problem)

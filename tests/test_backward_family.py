@@ -1,0 +1,177 @@
+"""The backward families without a GPU: problems, space, default, rendering and the gate.
+
+The verification gate is run on NumPy stand-ins of a kernel: one that computes the gradients
+right passes; ones that drop dx's mean term, sum dweight over half the rows, differ between
+two runs or leave a row unwritten are each rejected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autonorm.errors import ConfigError
+from autonorm.numerics import from_float64, to_float64
+from autonorm.ops import registry
+from autonorm.ops.norm_backward.config import BackwardConfig
+from autonorm.ops.norm_backward.plan import check
+from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
+from autonorm.ops.norm_backward.verify import verify
+from autonorm.runtime.limits import H200
+
+OPS = ("layer_norm_backward", "rms_norm_backward")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_registry_serves_both_families(op: str) -> None:
+    family = registry.get(op)
+    assert family.op == op
+    problem = family.problem(hidden=4096, dtype="bf16")
+    assert problem.dtype == "bfloat16"
+    assert type(problem).op == op
+    assert registry.family_of(problem) is family
+
+
+def test_problem_fields_and_sums() -> None:
+    ln = LayerNormBackward(4096, "float32", has_weight=True, has_bias=False)
+    assert ln.fields() == {"hidden": 4096, "dtype": "float32", "has_weight": True,
+                           "has_bias": False}
+    assert ln.sums == 1
+    rms = RMSNormBackward(4096, "float16", weight_offset=True)
+    assert rms.sums == 1
+    assert RMSNormBackward(4096, has_weight=False).sums == 0
+    with pytest.raises(ValueError, match="needs a weight"):
+        RMSNormBackward(4096, has_weight=False, weight_offset=True)
+
+
+def test_label_round_trips() -> None:
+    config = BackwardConfig(512, 4, "none", "smem", 3)
+    assert BackwardConfig.from_label(config.label()) == config
+    assert BackwardConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="not a backward kernel label"):
+        BackwardConfig.from_label("t256v8r1-smem-welford-c1-p0")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 4096, 4099, 12288, 32768, 65536])
+def test_every_shape_has_a_valid_default(op: str, dtype: str, hidden: int) -> None:
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype)
+    default = family.default(problem, H200)
+    assert check(default, problem, H200) == []
+    assert default in family.space(problem, H200)
+    assert family.seeds(problem, H200)[0] == default
+    kernel = family.render(default, problem, H200)
+    assert kernel.launch.resident and kernel.launch.barrier
+    assert kernel.name in kernel.source
+
+
+def test_rules_name_the_problem() -> None:
+    problem = LayerNormBackward(4099, "bfloat16")
+    reasons = check(BackwardConfig(256, 8, "registers", "registers", 1), problem, H200)
+    assert any("does not divide" in r for r in reasons)
+    big = LayerNormBackward(65536, "float32")
+    reasons = check(BackwardConfig(256, 4, "registers", "registers", 1), big, H200)
+    assert any("cached in registers" in r for r in reasons)
+    reasons = check(BackwardConfig(1024, 4, "none", "smem", 1), big, H200)
+    assert any("shared memory" in r for r in reasons)
+    with pytest.raises(ConfigError, match="cannot run"):
+        registry.get("layer_norm_backward").render(
+            BackwardConfig(256, 4, "registers", "registers", 1), big, H200)
+
+
+def test_rendering_is_deterministic_and_distinct() -> None:
+    family = registry.get("rms_norm_backward")
+    problem = family.problem(hidden=8192, dtype="bfloat16")
+    a = family.render(BackwardConfig(512, 8, "registers", "registers", 1), problem, H200)
+    b = family.render(BackwardConfig(512, 8, "registers", "registers", 1), problem, H200)
+    c = family.render(BackwardConfig(512, 8, "none", "smem", 1), problem, H200)
+    assert a.source == b.source and a.name == b.name
+    assert c.name != a.name and "reload(" in c.source and "reload(" not in a.source
+
+
+def test_bytes_moved_counts_rows_weight_and_sums() -> None:
+    family = registry.get("layer_norm_backward")
+    problem = family.problem(hidden=1024, dtype="bfloat16")
+    assert family.bytes_moved(problem, 10) == (3 * 10 + 1 + 2) * 1024 * 2
+
+
+def test_no_sums_need_no_barrier() -> None:
+    family = registry.get("rms_norm_backward")
+    problem = family.problem(hidden=1024, dtype="float32", has_weight=False)
+    kernel = family.render(family.default(problem, H200), problem, H200)
+    assert not kernel.launch.barrier
+    assert "counter[0]" not in kernel.source
+
+
+class _Plan:
+    cluster = 1
+
+
+class NumpyKernel:
+    """A backward 'kernel' in NumPy (float64, rounded to the dtype): the gate's stand-in."""
+
+    plan = _Plan()
+
+    def __init__(self, problem, flaw: str = "") -> None:  # noqa: ANN001
+        self.problem = problem
+        self.flaw = flaw
+        self.calls = 0
+
+    def grid(self, rows: int) -> int:
+        return min(rows, 8)
+
+    def launch_arrays(self, x, dy, w, dx, dw, db, partials, rows, eps, grid=None) -> None:  # noqa: ANN001, PLR0913
+        p = self.problem
+        x64, dy64 = to_float64(x, p.dtype), to_float64(dy, p.dtype)
+        w64 = None if w is None else to_float64(w, p.dtype)
+        if self.flaw == "half-rows":
+            half = dy64.copy()
+            half[rows // 2:] = 0.0
+            grads = p.gradients(x64, half, w64, eps)
+            grads["dx"] = p.gradients(x64, dy64, w64, eps)["dx"]
+        else:
+            grads = p.gradients(x64, dy64, w64, eps)
+        if self.flaw == "drop-mean":
+            g = dy64 if w64 is None else dy64 * w64
+            grads["dx"] = grads["dx"] + g.mean(axis=-1, keepdims=True) / np.sqrt(
+                x64.var(axis=-1, keepdims=True) + eps)
+        if self.flaw == "noisy":
+            self.calls += 1
+            grads["dweight"] = grads["dweight"] * (1.0 + 1e-7 * self.calls)
+        out = from_float64(grads["dx"], p.dtype).view(dx.dtype)
+        dx[:rows] = out
+        if self.flaw == "short":
+            dx[rows - 1] = dx[rows]  # the poison of the guard row: one row left unwritten
+        if dw is not None:
+            dw[:] = from_float64(grads["dweight"], p.dtype).view(dw.dtype)
+        if db is not None:
+            db[:] = from_float64(grads["dbias"], p.dtype).view(db.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gate_passes_right_gradients(dtype: str) -> None:
+    problem = LayerNormBackward(256, dtype)
+    result = verify(NumpyKernel(problem), problem, xp=np)
+    assert result.ok, result.summary()
+    assert set(result.errors) >= {"normal/dx", "normal/dweight", "normal/dbias", "offset/dx"}
+
+
+@pytest.mark.parametrize("flaw, message", [
+    ("drop-mean", "normal/dx"),
+    ("half-rows", "normal/dweight"),
+    ("noisy", "two runs differ"),
+    ("short", "unwritten"),
+])
+def test_gate_rejects_broken_gradients(flaw: str, message: str) -> None:
+    problem = LayerNormBackward(256, "float32")
+    result = verify(NumpyKernel(problem, flaw), problem, xp=np)
+    assert not result.ok
+    assert message in result.summary()
+
+
+def test_gate_checks_rms_weight_offset() -> None:
+    problem = RMSNormBackward(128, "float32", weight_offset=True)
+    assert verify(NumpyKernel(problem), problem, xp=np).ok
+    assert not verify(NumpyKernel(problem, "half-rows"), problem, xp=np).ok

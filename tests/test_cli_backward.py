@@ -1,0 +1,46 @@
+"""The command line on the backward families: --backward, render, and a tuning on the fake
+evaluator that stores a backward winner under its own op."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from test_cli_errors import assert_one_error_line, env, invoke  # noqa: F401 - env: a fixture
+
+
+def test_tune_backward_stores_the_backward_op(env: Path) -> None:  # noqa: F811
+    status, stdout, stderr = invoke(["tune", "--op", "rms_norm", "--backward", "--hidden", "1024",
+                                     "--trials", "4"])
+    assert status == 0, stdout + stderr
+    with sqlite3.connect(env / "user.db") as db:
+        ops = {row[0] for row in db.execute("SELECT op FROM winners")}
+    assert ops == {"rms_norm_backward"}
+
+
+def test_backward_takes_no_residual(env: Path) -> None:  # noqa: F811
+    assert_one_error_line(*invoke(["tune", "--backward", "--hidden", "1024", "--residual"]),
+                          "op layer_norm_backward takes no --residual")
+
+
+def test_backward_cannot_go_with_a_model_config(env: Path) -> None:  # noqa: F811
+    config = env / "config.json"
+    config.write_text('{"hidden_size": 1024, "rms_norm_eps": 1e-6}')
+    assert_one_error_line(*invoke(["tune", "--backward", "--config", str(config)]),
+                          "--backward tunes the ops given with --op and --hidden")
+
+
+def test_render_a_backward_kernel(env: Path) -> None:  # noqa: F811
+    status, stdout, _ = invoke(["render", "--op", "layer_norm_backward", "--hidden", "4096",
+                                "--dtype", "fp32", "--no-bias"])
+    assert status == 0
+    assert "LayerNorm backward" in stdout and "bias=False" in stdout
+
+
+def test_export_a_backward_kernel(env: Path) -> None:  # noqa: F811
+    status, stdout, stderr = invoke(["export", "--op", "rms_norm_backward", "--hidden", "4096",
+                                     "-o", str(env / "out")])
+    assert status == 0, stdout + stderr
+    source = (env / "out" / "autonorm_rms_norm_backward_bf16_h4096.cu").read_text()
+    assert "RMSNorm backward" in source
+    assert "autonorm_rms_bwd_" in stderr + stdout
