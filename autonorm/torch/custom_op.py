@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from autonorm.errors import InputError
+from autonorm.torch import backward_op
 from autonorm.torch.checks import DTYPE_NAMES, as_float, validate
 from autonorm.torch.forward import forward_cuda, forward_reference
 
@@ -64,6 +65,11 @@ def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
     """Gradients of y = (x - mean) * rstd * weight + bias, computed in float32."""
     x, weight = ctx.saved_tensors
     needs_x, needs_w, needs_b = ctx.needs_input_grad[:3]
+    if needs_x and backward_op.supports(x, grad_y):
+        # One launch of the tuned backward kernel; the weight and bias sums come with dx.
+        dx, dw, db = backward_op.norm_backward(grad_y, x, weight, rms=False,
+                                               has_bias=ctx.has_bias, eps=ctx.eps)
+        return dx, (dw if needs_w else None), (db if needs_b else None), None
     grad_x, grad_w, grad_b = layer_norm_grads(
         x, weight, grad_y, ctx.eps, needs_x, needs_w, needs_b and ctx.has_bias
     )

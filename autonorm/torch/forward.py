@@ -32,6 +32,9 @@ _RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 _ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 # A :data:`_KERNELS` key -> residual add + LayerNorm kernel.
 _ADD_LN_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
+# (device, dtype, hidden, rms, has_weight, has_bias or weight_offset, rows bucket) -> backward
+# kernel (:mod:`.backward_op`).
+BACKWARD_KERNELS: dict[tuple, object] = {}
 
 
 def _raw_stream_fallback(index: int) -> int:
@@ -51,9 +54,10 @@ def clear_kernel_cache() -> None:
     _RMS_KERNELS.clear()
     _ADD_RMS_KERNELS.clear()
     _ADD_LN_KERNELS.clear()
+    BACKWARD_KERNELS.clear()
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
+def aligned(t: torch.Tensor) -> torch.Tensor:
     """Return ``t`` if it is contiguous and 16-byte aligned, else an aligned contiguous copy.
 
     The kernel does 16-byte vector accesses; torch's allocator returns 512-byte aligned blocks,
@@ -167,18 +171,18 @@ def forward_cuda(
     # Each data pointer is read once (~80 ns a read) and reused for the launch.
     xp = x.data_ptr()
     if xp & 15 or not x.is_contiguous():
-        x = _aligned(x)
+        x = aligned(x)
         xp = x.data_ptr()
     wp = bp = 0
     if weight is not None:
         wp = weight.data_ptr()
         if wp & 15 or not weight.is_contiguous():
-            weight = _aligned(weight)
+            weight = aligned(weight)
             wp = weight.data_ptr()
     if bias is not None:
         bp = bias.data_ptr()
         if bp & 15 or not bias.is_contiguous():
-            bias = _aligned(bias)
+            bias = aligned(bias)
             bp = bias.data_ptr()
     y = torch.empty_like(x)  # x is contiguous now, so y is too
     rows = x.numel() // hidden if hidden else 0
@@ -228,13 +232,13 @@ def forward_rms_cuda(
     # As in forward_cuda: aligned copies stay referenced until the launch is enqueued.
     xp = x.data_ptr()
     if xp & 15 or not x.is_contiguous():
-        x = _aligned(x)
+        x = aligned(x)
         xp = x.data_ptr()
     wp = 0
     if weight is not None:
         wp = weight.data_ptr()
         if wp & 15 or not weight.is_contiguous():
-            weight = _aligned(weight)
+            weight = aligned(weight)
             wp = weight.data_ptr()
     y = torch.empty_like(x)
     rows = x.numel() // hidden if hidden else 0

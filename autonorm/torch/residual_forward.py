@@ -23,10 +23,10 @@ from autonorm.torch.forward import (
     _add_layer_norm_problem,
     _add_rms_norm_problem,
     _affine_fits,
-    _aligned,
     _current_device,
     _launch_cold,
     _raw_stream,
+    aligned,
     forward_reference,
     forward_rms_reference,
 )
@@ -146,10 +146,10 @@ def _launch_add(
     else:
         # As in forward_cuda: aligned copies stay referenced until the launch is enqueued.
         if xp & 15 or not x.is_contiguous():
-            x = _aligned(x)
+            x = aligned(x)
             xp = x.data_ptr()
         if rp & 15 or not residual.is_contiguous():
-            residual = _aligned(residual)
+            residual = aligned(residual)
             rp = residual.data_ptr()
         y = torch.empty_like(x)
         h = torch.empty_like(x)
@@ -157,12 +157,12 @@ def _launch_add(
     if weight is not None:
         wp = weight.data_ptr()
         if wp & 15 or not weight.is_contiguous():
-            weight = _aligned(weight)
+            weight = aligned(weight)
             wp = weight.data_ptr()
     if bias is not None:
         bp = bias.data_ptr()
         if bp & 15 or not bias.is_contiguous():
-            bias = _aligned(bias)
+            bias = aligned(bias)
             bp = bias.data_ptr()
     hidden = x.shape[-1]
     rows = x.numel() // hidden if hidden else 0

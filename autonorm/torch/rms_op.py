@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from autonorm.errors import InputError
+from autonorm.torch import backward_op
 from autonorm.torch.checks import as_float, check_weight_offset, validate_rms
 from autonorm.torch.custom_op import (
     any_autocast,
@@ -67,6 +68,11 @@ def _backward(ctx: object, grad_y: torch.Tensor) -> tuple:
     """Gradients of y = x * rstd * w (w = weight or 1 + weight), computed in float32."""
     x, weight = ctx.saved_tensors
     needs_x, needs_w = ctx.needs_input_grad[:2]
+    if needs_x and backward_op.supports(x, grad_y):
+        # One launch of the tuned backward kernel; the weight's sum comes with dx.
+        dx, dw, _ = backward_op.norm_backward(grad_y, x, weight, rms=True,
+                                              weight_offset=ctx.weight_offset, eps=ctx.eps)
+        return dx, (dw if needs_w else None), None, None
     grad_x, grad_w = rms_norm_grads(x, weight, grad_y, ctx.eps, ctx.weight_offset, needs_x, needs_w)
     return (None if grad_x is None else grad_x.to(x.dtype)), grad_w, None, None
 
