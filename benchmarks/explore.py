@@ -1,9 +1,10 @@
-"""Verify and time a random sample of LayerNorm configurations per shape, beside the default.
+"""Verify and time a random sample of a family's configurations per shape, beside the default.
 
 Run on a GPU machine, from the repository root::
 
     python benchmarks/explore.py --dtypes bf16 --hidden 4096,16384 --out results/
     python benchmarks/explore.py --focus cache=smem,vec=max --per-shape 32
+    python benchmarks/explore.py --op layer_norm_backward --hidden 4096 --per-shape 8
 
 Each shape is timed at ``--elements / hidden`` rows by the tuner's own evaluator (compile,
 verify against float64, time: docs/timing.md). The script prints the four fastest verified
@@ -24,11 +25,14 @@ from pathlib import Path
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line (no GPU and no autonorm import needed for ``--help``)."""
     parser = argparse.ArgumentParser(
-        description="Verify against float64 and time a random sample of LayerNorm kernel "
+        description="Verify against float64 and time a random sample of a kernel family's "
                     "configurations per (dtype, hidden size), beside the untuned default, "
                     "with the tuner's evaluator. Prints the fastest per shape and writes "
                     "explore.json.",
     )
+    parser.add_argument("--op", default="layer_norm",
+                        help="kernel family, e.g. rms_norm or layer_norm_backward "
+                             "(default: layer_norm)")
     parser.add_argument("--dtypes", default="bf16,fp32",
                         help="comma-separated dtypes: bf16, fp16, fp32 (default: bf16,fp32)")
     parser.add_argument("--hidden", default="768,1024,2048,4096,8192,16384,32768,65536",
@@ -40,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results",
                         help="folder for explore.json (default: benchmarks/results)")
     parser.add_argument("--configs", default="",
-                        help="a JSON list of configuration dicts (KernelConfig.to_dict) to "
+                        help="a JSON list of configuration dicts (the family's to_dict) to "
                              "add to every shape where they are valid")
     parser.add_argument("--focus", default="",
                         help="sample only configurations with these fields, e.g. "
@@ -55,10 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     """Explore every requested shape; return the process exit code."""
     args = parse_args(argv)
     from autonorm.dtypes import normalize_dtype
-    from autonorm.ops.layer_norm.config import KernelConfig
-    from autonorm.ops.layer_norm.problem import Problem
-    from autonorm.ops.layer_norm.rules import check
-    from autonorm.ops.layer_norm.space import default_config, enumerate_space
+    from autonorm.ops import registry
     from autonorm.runtime.compiler import CompilePool
     from autonorm.runtime.device import query_device
     from autonorm.tune.evaluator import GpuEvaluator
@@ -67,23 +68,24 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     limits = query_device().limits()
     pool = CompilePool()
-    extra = [KernelConfig.from_dict(d) for d in json.loads(args.configs)] if args.configs else []
+    family = registry.get(args.op)
+    extra = [family.config_from_dict(d) for d in json.loads(args.configs)] if args.configs else []
     records: list[dict] = []
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
-            problem = Problem(hidden, normalize_dtype(dtype))
+            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype))
             rows = max(1, args.elements // hidden)
-            space = enumerate_space(problem, limits)
+            space = family.space(problem, limits)
             for item in filter(None, args.focus.split(",")):
                 field, value = item.split("=")
-                want = problem.max_vec if value == "max" else value
+                want = 16 // problem.itemsize if value == "max" else value
                 space = [c for c in space if str(getattr(c, field)) == str(want)
                          or (field == "blocks_per_sm" and value == "persistent"
                              and c.blocks_per_sm > 0)]
             rng = random.Random(hidden if args.seed is None else args.seed)
-            cands = [default_config(problem, limits)]
+            cands = [family.default(problem, limits, rows)]
             cands += rng.sample(space, min(args.per_shape, len(space)))
-            cands += [c for c in extra if not check(c, problem, limits)]
+            cands += [c for c in extra if not family.check(c, problem, limits)]
             t0 = time.time()
             evaluator = GpuEvaluator(problem, rows, pool=pool)
             evaluator.prepare(cands)

@@ -175,3 +175,22 @@ def test_gate_checks_rms_weight_offset() -> None:
     problem = RMSNormBackward(128, "float32", weight_offset=True)
     assert verify(NumpyKernel(problem), problem, xp=np).ok
     assert not verify(NumpyKernel(problem, "half-rows"), problem, xp=np).ok
+
+
+@pytest.mark.parametrize(("op", "dtype", "label"), [
+    ("layer_norm_backward", "bfloat16", "t512v8-registers-accregisters-p1-f"),
+    ("layer_norm_backward", "float32", "t256v4-registers-accregisters-p1-f"),
+    ("rms_norm_backward", "bfloat16", "t512v8-registers-accregisters-p1-f"),
+])
+def test_default_prefetches_where_it_was_measured(op: str, dtype: str, label: str) -> None:
+    # The defaults timed with and without prefetch at hidden 4096 on the H200
+    # (docs/backward.md): the prefetching form won at each.
+    family = registry.get(op)
+    assert family.default(family.problem(hidden=4096, dtype=dtype), H200).label() == label
+
+
+def test_prefetch_needs_the_row_in_registers() -> None:
+    problem = LayerNormBackward(16384, "float32")
+    reasons = check(BackwardConfig(512, 4, "none", "smem", 1, prefetch=True), problem, H200)
+    assert any("prefetch" in r for r in reasons)
+    assert BackwardConfig.from_label("t512v4-none-accsmem-p1-f").prefetch

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 BASH = shutil.which("bash") or "/bin/bash"
 
-SCRIPTS = ("peers.py", "explore.py", "launch_overhead.py", "offset_errors.py",
+SCRIPTS = ("peers.py", "explore.py", "backward.py", "launch_overhead.py", "offset_errors.py",
            "triton_tutorial_ln.py", "untuned.py")
 
 # Runs a script's --help with the GPU stack unimportable: --help must need none of it.

@@ -24,6 +24,10 @@ TARGET_THREADS_PER_SM = 1024
 # up to 19% under what ptxas allocates (nvcc 13.0, sm_90: 108 estimated, spilling at 128).
 DEFAULT_REG_HEADROOM = 1.25
 
+# The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
+# 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
+PREFETCH_REG_HEADROOM = 1.1
+
 
 def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
     """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
@@ -62,7 +66,13 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
-    return min(space, key=lambda c: _score(c, problem, device))
+    base = min((c for c in space if not c.prefetch), key=lambda c: _score(c, problem, device))
+    # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
+    # over it at bf16 and fp32 4096 (H200, docs/backward.md).
+    prefetching = dataclasses.replace(base, prefetch=True)
+    cap = min(255, device.regs_per_sm // (base.threads * base.blocks_per_sm))  # type: ignore[attr-defined]
+    fits = derive_plan(prefetching, problem).regs * PREFETCH_REG_HEADROOM <= cap
+    return prefetching if fits and not check(prefetching, problem, device) else base
 
 
 def seed_configs(
