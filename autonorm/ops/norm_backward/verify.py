@@ -10,12 +10,14 @@ Array-module agnostic like the forward's gate (``xp``); CuPy by default.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autonorm.numerics import ErrorReport, from_float64, measure_error, to_float64
+from autonorm.ops.layer_norm.verify import VerifyResult as GradResult
 from autonorm.ops.norm_backward.cases import Case, make_cases, make_weight
 from autonorm.ops.norm_backward.problem import BackwardProblem
+
+__all__ = ["GRAD_TOLERANCES", "GradResult", "Launchable", "verify"]
 
 # Tolerances of the gradients against float64, per dtype. 16-bit outputs: their rounding, as
 # the forward's. fp32: dx is a difference of terms of the row's size (g - mean(g) - xhat * c),
@@ -43,24 +45,6 @@ class Launchable(Protocol):
     def grid(self, rows: int) -> int:
         """Blocks launched for ``rows`` rows."""
         ...
-
-
-@dataclass
-class GradResult:
-    """The outcome of verifying one backward kernel."""
-
-    ok: bool
-    errors: dict[str, ErrorReport] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def max_rel_err(self) -> float:
-        """The worst relative L2 error over the cases and gradients."""
-        return max((e.rel_l2 for e in self.errors.values()), default=0.0)
-
-    def summary(self) -> str:
-        """One line naming what failed."""
-        return "; ".join(self.failures) if self.failures else "ok"
 
 
 def verify(
