@@ -119,7 +119,7 @@ def _run_cupy(
         grads = {"dx": dx, "dweight": dw, "dbias": db}
         if rows > 0:
             kernel = get_kernel(problem, rows, device_id)
-            partials = cupy.empty(max(1, kernel.grid(rows) * problem.sums * n),
+            partials = cupy.empty(problem.partial_floats(kernel.grid(rows)),
                                   dtype=cupy.float32)
             w = None if weight is None else aligned_contiguous(weight)
             kernel.launch_arrays(aligned_contiguous(x), aligned_contiguous(dy), w, dx, dw, db,

@@ -194,3 +194,10 @@ def test_prefetch_needs_the_row_in_registers() -> None:
     reasons = check(BackwardConfig(512, 4, "none", "smem", 1, prefetch=True), problem, H200)
     assert any("prefetch" in r for r in reasons)
     assert BackwardConfig.from_label("t512v4-none-accsmem-p1-f").prefetch
+
+
+def test_partials_hold_one_row_of_sums_a_block() -> None:
+    assert LayerNormBackward(100).partial_floats(3) == 3 * 2 * 100
+    assert RMSNormBackward(100).partial_floats(3) == 3 * 100
+    # No sums: a one-element buffer, so a launch always has a valid pointer.
+    assert LayerNormBackward(100, has_weight=False, has_bias=False).partial_floats(3) == 1

@@ -90,19 +90,20 @@ def _launch(
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = (device, x.dtype, hidden, rms, weight is not None,
            weight_offset if rms else has_bias, rows_bucket(rows))
-    kernel = BACKWARD_KERNELS.get(key)
-    if kernel is None:
+    cached = BACKWARD_KERNELS.get(key)
+    if cached is None:
         from autonorm.dispatch import get_kernel
 
-        kernel = BACKWARD_KERNELS[key] = get_kernel(_problem(key), rows, device)
-    problem = _problem(key)
+        problem = _problem(key)
+        cached = BACKWARD_KERNELS[key] = (get_kernel(problem, rows, device), problem)
+    kernel, problem = cached
     xc, dyc = aligned(x), aligned(dy)
     wc = None if weight is None else aligned(weight)
     dx = torch.empty_like(xc)
     dw = x.new_empty(hidden if weight is not None else 0)
     db = x.new_empty(hidden if problem.has_bias else 0)
-    partials = torch.empty(max(1, kernel.grid(rows) * problem.sums * hidden),
-                           dtype=torch.float32, device=x.device)
+    partials = torch.empty(problem.partial_floats(kernel.grid(rows)), dtype=torch.float32,
+                           device=x.device)
 
     def ptr(t: torch.Tensor | None) -> int:
         return 0 if t is None or t.numel() == 0 else t.data_ptr()

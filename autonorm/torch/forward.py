@@ -32,8 +32,8 @@ _RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 _ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 # A :data:`_KERNELS` key -> residual add + LayerNorm kernel.
 _ADD_LN_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
-# (device, dtype, hidden, rms, has_weight, has_bias or weight_offset, rows bucket) -> backward
-# kernel (:mod:`.backward_op`).
+# (device, dtype, hidden, rms, has_weight, has_bias or weight_offset, rows bucket) -> (backward
+# kernel, its problem) (:mod:`.backward_op`).
 BACKWARD_KERNELS: dict[tuple, object] = {}
 
 

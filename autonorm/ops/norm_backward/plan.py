@@ -65,6 +65,12 @@ class Plan:
         return self.problem.sums
 
 
+def register_cap(config: Config, device: object) -> int:
+    """Registers a thread may use at ``config``'s occupancy (``blocks_per_sm`` blocks an SM)."""
+    threads = config.threads * config.blocks_per_sm
+    return min(255, device.regs_per_sm // threads)  # type: ignore[attr-defined]
+
+
 def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
     """Size ``config`` on ``problem`` (no validity check: :func:`check` does that)."""
     nvec = max(1, problem.hidden // config.vec)
@@ -131,7 +137,7 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
     if threads > device.max_threads_per_sm:  # type: ignore[attr-defined]
         reasons.append(f"{threads} threads per SM exceed {device.max_threads_per_sm}")  # type: ignore[attr-defined]
     else:
-        cap = min(255, device.regs_per_sm // threads)  # type: ignore[attr-defined]
+        cap = register_cap(config, device)
         if plan.regs > cap:
             reasons.append(f"about {plan.regs} registers a thread exceed {cap} at "
                            f"{config.blocks_per_sm} blocks per SM")

@@ -29,6 +29,13 @@ class BackwardProblem(RowProblem):
         """The column sums over the rows the kernel returns: dweight, dbias, or both."""
         return int(self.has_weight) + int(self.has_bias)  # type: ignore[attr-defined]
 
+    def partial_floats(self, blocks: int) -> int:
+        """Return the fp32 elements of the partials buffer of a launch of ``blocks`` blocks.
+
+        One row of column sums a block (at least one element, so the buffer always exists).
+        """
+        return max(1, blocks * self.sums * self.hidden)
+
     def gradients(self, x: Any, dy: Any, weight: Any | None, eps: float) -> dict[str, Any]:
         """Return the float64 gradients by name (``dx``, ``dweight``, ``dbias``, when they exist).
 

@@ -11,7 +11,7 @@ import itertools
 from autonorm.errors import ConfigError
 from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, THREADS, VECS
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
-from autonorm.ops.norm_backward.plan import check, derive_plan
+from autonorm.ops.norm_backward.plan import check, derive_plan, register_cap
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
 # The default's preferences: rows held in registers, then sums in registers, shared memory, L2.
@@ -44,7 +44,7 @@ def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
 def _score(config: Config, problem: BackwardProblem, device: object) -> tuple:
     """Sort key of the default (smaller is better)."""
     plan = derive_plan(config, problem)
-    cap = min(255, device.regs_per_sm // (config.threads * config.blocks_per_sm))  # type: ignore[attr-defined]
+    cap = register_cap(config, device)
     return (
         plan.regs * DEFAULT_REG_HEADROOM > cap,
         config.cache != "registers",
@@ -70,8 +70,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
     prefetching = dataclasses.replace(base, prefetch=True)
-    cap = min(255, device.regs_per_sm // (base.threads * base.blocks_per_sm))  # type: ignore[attr-defined]
-    fits = derive_plan(prefetching, problem).regs * PREFETCH_REG_HEADROOM <= cap
+    fits = derive_plan(prefetching, problem).regs * PREFETCH_REG_HEADROOM <= register_cap(
+        base, device)
     return prefetching if fits and not check(prefetching, problem, device) else base
 
 

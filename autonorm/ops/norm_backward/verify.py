@@ -101,7 +101,7 @@ def _launch(
     dw = xp.full(n, poison, dtype=bits) if problem.has_weight else None
     db = xp.full(n, poison, dtype=bits) if problem.has_bias else None
     blocks = grid if grid is not None else kernel.grid(rows)
-    partials = xp.full(max(1, blocks * problem.sums * n), float("nan"), dtype=xp.float32)
+    partials = xp.full(problem.partial_floats(blocks), float("nan"), dtype=xp.float32)
     kernel.launch_arrays(x, dy, w, dx, dw, db, partials, rows, eps, grid=grid)
     if hasattr(xp, "cuda"):
         xp.cuda.get_current_stream().synchronize()

@@ -63,7 +63,7 @@ class BackwardWorkload:
             self._dw = cupy.empty_like(x0[0]) if problem.has_weight else None
             self._db = cupy.empty_like(x0[0]) if problem.has_bias else None
             blocks = min(rows, info.sm_count * max(BLOCKS_PER_SM))
-            self._partials = cupy.empty(max(1, blocks * problem.sums * n), dtype=cupy.float32)
+            self._partials = cupy.empty(problem.partial_floats(blocks), dtype=cupy.float32)
 
         def ptr(a: Any) -> int:
             return 0 if a is None else a.data.ptr
