@@ -54,7 +54,7 @@ def test_label_round_trips() -> None:
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 4096, 4099, 12288, 32768, 65536])
+@pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 4096, 4099, 12288, 17249, 32768, 65535, 65536])
 def test_every_shape_has_a_valid_default(op: str, dtype: str, hidden: int) -> None:
     family = registry.get(op)
     problem = family.problem(hidden=hidden, dtype=dtype)

@@ -11,7 +11,7 @@ import itertools
 from autonorm.errors import ConfigError
 from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, THREADS, VECS
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
-from autonorm.ops.norm_backward.plan import check, derive_plan, register_cap
+from autonorm.ops.norm_backward.plan import MAX_ITERS, check, derive_plan, register_cap
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
 # The default's preferences: rows held in registers, then sums in registers, shared memory, L2.
@@ -46,6 +46,9 @@ def _score(config: Config, problem: BackwardProblem, device: object) -> tuple:
     plan = derive_plan(config, problem)
     cap = register_cap(config, device)
     return (
+        # Long loops only where nothing shorter runs (a reloaded row's loops may be long: rows
+        # of odd sizes past 16K elements have nothing else).
+        plan.iters > MAX_ITERS,
         plan.regs * DEFAULT_REG_HEADROOM > cap,
         config.cache != "registers",
         _ACC_RANK[config.acc],
