@@ -225,7 +225,10 @@ def compile_kernel(
                 raise CompileError(f"{rendered.config.label()}: {exc}") from exc
             _MODULES[key] = module
         raw = module.get_function(rendered.name)
-        if rendered.launch.smem_bytes > _DEFAULT_SMEM_LIMIT:
+        # The default cap on dynamic shared memory is 48 KB less the kernel's static shared
+        # memory: a launch past it fails (CUDA_ERROR_INVALID_VALUE) unless the cap is raised.
+        static = raw.attributes.get("shared_size_bytes", 0)
+        if rendered.launch.smem_bytes + static > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
         return CompiledKernel(
             rendered, raw.kernel, info.sm_count, abi=abi, attributes=raw.attributes,
