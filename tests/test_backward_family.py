@@ -7,6 +7,8 @@ two runs or leave a row unwritten are each rejected.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from autonorm.errors import ConfigError
 from autonorm.numerics import from_float64, to_float64
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.config import BackwardConfig
-from autonorm.ops.norm_backward.plan import check
+from autonorm.ops.norm_backward.plan import MAX_CHAIN, check, derive_plan
 from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
 from autonorm.ops.norm_backward.verify import verify
 from autonorm.runtime.limits import H200
@@ -177,16 +179,79 @@ def test_gate_checks_rms_weight_offset() -> None:
     assert not verify(NumpyKernel(problem, "half-rows"), problem, xp=np).ok
 
 
+# A GPU without the bulk-copy engine (an A100's limits).
+A100 = dataclasses.replace(H200, name="NVIDIA A100-SXM4-80GB", cc=80, sm_count=108,
+                           max_smem_optin=166912, smem_per_sm=167936, l2_bytes=41943040)
+
+
 @pytest.mark.parametrize(("op", "dtype", "label"), [
     ("layer_norm_backward", "bfloat16", "t512v8-registers-accregisters-p1-f"),
     ("layer_norm_backward", "float32", "t256v4-registers-accregisters-p1-f"),
     ("rms_norm_backward", "bfloat16", "t512v8-registers-accregisters-p1-f"),
 ])
-def test_default_prefetches_where_it_was_measured(op: str, dtype: str, label: str) -> None:
+def test_default_prefetches_without_bulk_copy(op: str, dtype: str, label: str) -> None:
     # The defaults timed with and without prefetch at hidden 4096 on the H200
-    # (docs/backward.md): the prefetching form won at each.
+    # (docs/backward.md): the prefetching form won at each. Before Hopper it is the default.
     family = registry.get(op)
-    assert family.default(family.problem(hidden=4096, dtype=dtype), H200).label() == label
+    problem = family.problem(hidden=4096, dtype=dtype)
+    assert family.default(problem, A100).label() == label
+    assert not [c for c in family.space(problem, A100) if c.cache == "bulk"]
+
+
+@pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
+    # The fastest of a grid of 36 bulk kernels (threads x blocks x stages x sums) at each
+    # (H200, docs/backward.md).
+    ("layer_norm_backward", "bfloat16", 2048, "t128v8-bulk-accregisters-p4-s2"),
+    ("layer_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2"),
+    ("rms_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2"),
+])
+def test_default_takes_the_bulk_kernel_measured_fastest(op, dtype, hidden, label) -> None:  # noqa: ANN001
+    family = registry.get(op)
+    assert family.default(family.problem(hidden=hidden, dtype=dtype), H200).label() == label
+
+
+def test_long_rows_keep_sums_out_of_l2_behind_bulk_stages() -> None:
+    # LayerNorm fp32 16384: bulk stages leave room only for sums in L2 (17-40% of copy), a
+    # reloaded row with its sums in shared memory ran 60%.
+    family = registry.get("layer_norm_backward")
+    default = family.default(family.problem(hidden=16384, dtype="float32"), H200)
+    assert (default.cache, default.acc) == ("none", "smem")
+
+
+def test_bulk_rules() -> None:
+    problem = LayerNormBackward(4096, "bfloat16")
+    bulk = BackwardConfig(256, 8, "bulk", "registers", 2, stages=2)
+    assert check(bulk, problem, H200) == []
+    assert BackwardConfig.from_label(bulk.label()) == bulk
+    assert bulk.label() == "t256v8-bulk-accregisters-p2-s2"
+    assert any("compute capability 9.0" in r for r in check(bulk, problem, A100))
+    assert any("16-byte" in r for r in check(dataclasses.replace(bulk, vec=4), problem, H200))
+    assert any("1 or more stages" in r
+               for r in check(dataclasses.replace(bulk, stages=0), problem, H200))
+    assert any("cache='bulk' only" in r
+               for r in check(BackwardConfig(256, 8, "registers", "registers", 2, stages=2),
+                              problem, H200))
+    # Four stages of 16 KB rows (x and dy) for each of 4 blocks do not fit an SM.
+    assert any("do not fit an SM" in r
+               for r in check(dataclasses.replace(bulk, blocks_per_sm=4, stages=4), problem,
+                              H200))
+
+
+def test_bulk_plan_places_the_stages_after_the_sums() -> None:
+    problem = LayerNormBackward(1024, "float32")
+    plan = derive_plan(BackwardConfig(128, 4, "bulk", "smem", 2, stages=3), problem)
+    assert plan.stage_offset == 2 * 1024 * 4
+    assert plan.smem_bytes == 2 * 1024 * 4 + 3 * 2 * 1024 * 4 + 3 * 8
+
+
+def test_one_thread_sums_at_most_max_chain_elements() -> None:
+    # sum(x^2) of a constant fp32 row of 65536 on one warp (2048 elements a thread) was off
+    # by 1.2e-5 on the H200.
+    problem = RMSNormBackward(65536, "float32")
+    reasons = check(BackwardConfig(32, 2, "none", "global", 4), problem, H200)
+    assert any(f"the {MAX_CHAIN} one fp32 sum may take" in r for r in reasons)
+    for config in registry.get("rms_norm_backward").space(problem, H200):
+        assert derive_plan(config, problem).iters * config.vec <= MAX_CHAIN
 
 
 def test_prefetch_needs_the_row_in_registers() -> None:

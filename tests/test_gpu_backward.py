@@ -47,7 +47,9 @@ def test_cover_verifies(op: str, dtype: str, limits) -> None:  # noqa: ANN001
     for hidden in HIDDEN:
         problem = family.problem(hidden=hidden, dtype=dtype)
         space = family.space(problem, limits)
+        bulk = [c for c in space if c.cache == "bulk"]
         picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
+        picks += rng.sample(bulk, min(PICKS, len(bulk)))
         for config in dict.fromkeys(picks):
             kernel = _compile(family.render(config, problem, limits))
             if kernel.attributes.get("local_size_bytes", 0):
@@ -72,17 +74,30 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
 
 BREAKS = {
     "drop-mean": (" - c2));", "));"),
-    "no-shift": ("const float shift = to_f(xr[0]);", "const float shift = 0.f;"),
+    "no-shift": ("const float shift = to_f(x", "const float shift = 0.f * to_f(x"),
     "half-partials": ("p < (int)gridDim.x; p += NW", "p < (int)(gridDim.x + 1) / 2; p += NW"),
 }
 
+# A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
+BULK_BREAKS = {"stale-stage": ("row + S * gridDim.x,", "row + (S - 1) * gridDim.x,")}
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
-def test_broken_kernels_are_rejected(name: str, limits) -> None:  # noqa: ANN001
+# A kernel holding its row in registers, and a bulk-copy one of two stages.
+BROKEN_CONFIGS = {
+    "registers": {"threads": 256, "vec": 4, "cache": "registers", "acc": "registers",
+                  "blocks_per_sm": 1, "prefetch": True},
+    "bulk": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers", "blocks_per_sm": 2,
+             "stages": 2},
+}
+
+
+@pytest.mark.parametrize(("form", "name"), [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
+                         + [("bulk", n) for n in BULK_BREAKS])
+def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")
-    kernel = family.render(family.default(problem, limits), problem, limits)
-    old, new = BREAKS[name]
+    config = family.config_from_dict(BROKEN_CONFIGS[form])
+    kernel = family.render(config, problem, limits)
+    old, new = {**BREAKS, **BULK_BREAKS}[name]
     assert old in kernel.source
     broken = dataclasses.replace(kernel, source=kernel.source.replace(old, new))
     result = verify(_compile(broken), problem)
@@ -130,3 +145,17 @@ def test_repeated_launches_are_bit_identical(limits) -> None:  # noqa: ANN001
         again = autonorm.layer_norm_backward(dy, x, w, w)
         for a, b in zip(first, again, strict=True):
             assert bool((a.view(cupy.uint32) == b.view(cupy.uint32)).all())
+
+
+def test_static_and_dynamic_shared_memory_past_48kb_launch(limits) -> None:  # noqa: ANN001
+    # 40,976 bytes of dynamic shared memory beside 8,960 static: under 48 KB alone, over it
+    # together, where the launch fails unless the kernel's cap is raised.
+    family = registry.get("rms_norm_backward")
+    problem = family.problem(hidden=2048, dtype="float32")
+    config = family.config_from_dict({"threads": 512, "vec": 4, "cache": "bulk", "acc": "smem",
+                                      "blocks_per_sm": 1, "stages": 2})
+    kernel = _compile(family.render(config, problem, limits))
+    assert kernel.rendered.launch.smem_bytes < 48 * 1024
+    assert kernel.rendered.launch.smem_bytes + kernel.attributes["shared_size_bytes"] > 48 * 1024
+    result = verify(kernel, problem)
+    assert result.ok, result.summary()

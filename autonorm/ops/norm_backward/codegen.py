@@ -99,8 +99,10 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "BPS": config.blocks_per_sm,
         # Rows not held in registers run their passes' loops four vectors at a time: fully
         # unrolled, the compiler issues every reload first and holds the row anyway.
-        "UNROLL": plan.iters if config.cache == "registers" else min(plan.iters, 4),
+        "UNROLL": plan.iters if config.cache != "none" else min(plan.iters, 4),
         "cache": config.cache,
         "PREFETCH": config.prefetch,
         "acc": config.acc,
+        "S": config.stages,
+        "STAGE_OFFSET": plan.stage_offset,
     }

@@ -13,9 +13,10 @@ THREADS = (32, 64, 128, 256, 512, 1024)
 
 VECS = (1, 2, 4, 8)
 
-# Where a row's x and dy are held between the passes: registers, or not at all (read again,
-# from L2 at best, which rows too long for registers need).
-CACHES: tuple[str, ...] = ("registers", "none")
+# Where a row's x and dy are held between the passes: registers, not at all (read again, from
+# L2 at best, which rows too long for registers need), or shared memory, where the bulk-copy
+# engine lands them `stages` rows ahead of the block (Hopper and newer).
+CACHES: tuple[str, ...] = ("registers", "none", "bulk")
 
 # Where a block keeps its running column sums of dy * xhat (and dy): registers, shared memory,
 # or its own row of the fp32 partials in global memory (L2), for rows too long for the others.
@@ -24,7 +25,10 @@ ACCS: tuple[str, ...] = ("registers", "smem", "global")
 # Blocks per SM of the resident grid: its size, and so the number of partial rows.
 BLOCKS_PER_SM = (1, 2, 3, 4, 6, 8)
 
-_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?")
+# Rows a bulk-copy block has requested ahead (its shared-memory stages); 0 for the other caches.
+STAGES = (0, 1, 2, 3, 4)
+
+_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class BackwardConfig:
         blocks_per_sm: blocks per SM of the resident grid (at most what fits at once).
         prefetch: with the row in registers, load the block's next row while working on this
             one (two rows a block in flight, twice the registers for them).
+        stages: with ``cache="bulk"``, the rows of x and dy a block holds in shared memory, each
+            requested from the bulk-copy engine as soon as its stage is free; 0 otherwise.
     """
 
     threads: int = 256
@@ -48,6 +54,7 @@ class BackwardConfig:
     acc: str = "registers"
     blocks_per_sm: int = 2
     prefetch: bool = False
+    stages: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Return the fields as plain JSON values."""
@@ -60,9 +67,13 @@ class BackwardConfig:
         return cls(**{k: v for k, v in data.items() if k in names})  # type: ignore[arg-type]
 
     def label(self) -> str:
-        """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2`` (``-f``: prefetch)."""
+        """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2``.
+
+        ``-f`` marks prefetch and ``-s3`` three bulk-copy stages.
+        """
         return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
-                f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}")
+                f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}"
+                f"{f'-s{self.stages}' if self.stages else ''}")
 
     @classmethod
     def from_label(cls, label: str) -> BackwardConfig:
@@ -74,5 +85,6 @@ class BackwardConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a backward kernel label: {label!r}")
-        threads, vec, cache, acc, blocks, prefetch = match.groups()
-        return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None)
+        threads, vec, cache, acc, blocks, prefetch, stages = match.groups()
+        return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None,
+                   int(stages or 0))

@@ -14,6 +14,7 @@ from autonorm.ops.norm_backward.config import (
     ACCS,
     BLOCKS_PER_SM,
     CACHES,
+    STAGES,
     THREADS,
     VECS,
     BackwardConfig,
@@ -55,13 +56,18 @@ class BackwardFamily:
 
     def suggest(self, trial: Any) -> BackwardConfig:
         """Ask ``trial`` for one point of the space (parameters named as the fields)."""
+        cache = trial.suggest_categorical("cache", CACHES)
         return BackwardConfig(
             threads=trial.suggest_categorical("threads", THREADS),
             vec=trial.suggest_categorical("vec", VECS),
-            cache=trial.suggest_categorical("cache", CACHES),
+            cache=cache,
             acc=trial.suggest_categorical("acc", ACCS),
             blocks_per_sm=trial.suggest_categorical("blocks_per_sm", BLOCKS_PER_SM),
-            prefetch=trial.suggest_categorical("prefetch", (False, True)),
+            # Prefetch applies to a row in registers, stages to the bulk copy only: no ask is
+            # spent on combinations that cannot exist.
+            prefetch=(trial.suggest_categorical("prefetch", (False, True))
+                      if cache == "registers" else False),
+            stages=trial.suggest_categorical("stages", STAGES[1:]) if cache == "bulk" else 0,
         )
 
     def check(
@@ -119,11 +125,13 @@ class BackwardFamily:
         return vectors * problem.hidden * problem.itemsize
 
     def min_compute_capability(self, kernel: Any, device: DeviceLimits) -> int:
-        """Return 75, the oldest architecture of nvcc 13.
+        """Return the oldest compute capability that runs ``kernel``.
 
-        The grid barrier needs only sm_70's ``ld.acquire`` and ``__nanosleep``.
+        The bulk-copy stages (``cp.async.bulk``, mbarrier transactions) need 9.0; the other
+        kernels build for 7.5, the oldest architecture of nvcc 13 (the grid barrier needs only
+        sm_70's ``ld.acquire`` and ``__nanosleep``).
         """
-        return 75
+        return 90 if kernel.config.cache == "bulk" else 75
 
     def kernel_abi(self, kernel: Any) -> KernelABI:
         """Return the parameter list of every backward kernel."""

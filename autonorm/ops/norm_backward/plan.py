@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autonorm.errors import ConfigError
-from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, THREADS, VECS
+from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, STAGES, THREADS, VECS
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
@@ -25,6 +25,10 @@ MAX_SUMMED = 32
 # past this the code grows without gaining loads in flight (a reloaded row's loops unroll four
 # vectors at a time, so it has no such bound).
 MAX_ITERS = 32
+
+# Elements of a row one thread may sum: its sums run in one fp32 chain, and at 2,048 elements
+# (RMSNorm, fp32, hidden 65536 on one warp) sum(x^2) of a constant row was off by 1.2e-5.
+MAX_CHAIN = 512
 
 # Registers a thread needs besides what it holds: indices, pointers, statistics, the output
 # vector (the estimate's constant).
@@ -46,7 +50,9 @@ class Plan:
         nvec: vectors per row.
         iters: vectors per thread per row.
         even: every thread has a vector in every iteration (no guard).
-        smem_bytes: dynamic shared memory (the column sums of ``acc="smem"``).
+        smem_bytes: dynamic shared memory: the column sums of ``acc="smem"``, then a bulk
+            kernel's stages (x's, then dy's) and their mbarriers.
+        stage_offset: where the stages start in the dynamic shared memory (bytes).
         static_smem: static shared memory.
         regs: the register estimate per thread.
     """
@@ -57,6 +63,7 @@ class Plan:
     iters: int
     even: bool
     smem_bytes: int
+    stage_offset: int
     static_smem: int
     regs: int
 
@@ -81,12 +88,19 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
     regs = BASE_REGS + config.vec
     if config.cache == "registers":
         rows_held = 2 if config.prefetch else 1
-        regs += int(2 * rows_held * words + (words if problem.has_weight else 0))
+        regs += int(2 * rows_held * words)
+    if config.cache != "none" and problem.has_weight:
+        regs += int(words)  # the weight, loaded once per block
     if config.acc == "registers":
         regs += problem.sums * elems
-    smem = problem.sums * problem.hidden * 4 if config.acc == "smem" else 0
+    sums = problem.sums * problem.hidden * 4 if config.acc == "smem" else 0
+    smem = sums
+    if config.cache == "bulk":
+        # x's and dy's rows per stage, then one 8-byte mbarrier a stage.
+        smem += 2 * config.stages * problem.hidden * problem.itemsize + 8 * config.stages
     static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
-    return Plan(config, problem, nvec, iters, nvec % config.threads == 0, smem, static, regs)
+    return Plan(config, problem, nvec, iters, nvec % config.threads == 0, smem, sums, static,
+                regs)
 
 
 def check(config: Config, problem: BackwardProblem, device: object) -> list[str]:
@@ -102,6 +116,8 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
         reasons.append(f"acc must be one of {ACCS}")
     if config.blocks_per_sm not in BLOCKS_PER_SM:
         reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
+    if config.stages not in STAGES:
+        reasons.append(f"stages must be one of {STAGES}")
     if reasons:
         return reasons
     if config.vec * problem.itemsize > 16:
@@ -113,9 +129,12 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
     if plan.nvec < config.threads and config.threads > THREADS[0]:
         # One warp is the smallest block: rows shorter than it leave lanes idle anyway.
         reasons.append(f"{config.threads} threads for {plan.nvec} vectors: some would idle")
-    if config.cache == "registers" and plan.iters > MAX_ITERS:
+    if config.cache != "none" and plan.iters > MAX_ITERS:
         reasons.append(f"{plan.iters} vectors a thread exceed {MAX_ITERS}")
     elems = plan.iters * config.vec
+    if elems > MAX_CHAIN:
+        reasons.append(f"{elems} elements a thread exceed the {MAX_CHAIN} one fp32 sum may take")
+    reasons += _bulk_reasons(config, problem, device)
     if config.cache == "registers" and elems > MAX_CACHED:
         reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} cached in registers")
     if config.prefetch and config.cache != "registers":
@@ -142,6 +161,21 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
         if plan.regs > cap:
             reasons.append(f"about {plan.regs} registers a thread exceed {cap} at "
                            f"{config.blocks_per_sm} blocks per SM")
+    return reasons
+
+
+def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> list[str]:
+    """Return why the bulk-copy stages of ``config`` cannot run (empty when they can)."""
+    if config.cache != "bulk":
+        return [] if config.stages == 0 else ["stages apply to cache='bulk' only; use 0"]
+    reasons = []
+    if config.stages == 0:
+        reasons.append("cache='bulk' needs 1 or more stages")
+    if device.cc < 90:  # type: ignore[attr-defined]
+        reasons.append("the bulk-copy engine needs compute capability 9.0 or newer")
+    if config.vec * problem.itemsize != 16:
+        # Stage reads are 16-byte vectors, and a row copy must be a multiple of 16 bytes.
+        reasons.append("cache='bulk' takes 16-byte vectors")
     return reasons
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 from autonorm.errors import ConfigError
-from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, THREADS, VECS
+from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, STAGES, THREADS, VECS
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
 from autonorm.ops.norm_backward.plan import MAX_ITERS, check, derive_plan, register_cap
 from autonorm.ops.norm_backward.problem import BackwardProblem
@@ -24,6 +25,16 @@ TARGET_THREADS_PER_SM = 1024
 # up to 19% under what ptxas allocates (nvcc 13.0, sm_90: 108 estimated, spilling at 128).
 DEFAULT_REG_HEADROOM = 1.25
 
+# Bytes of x and dy a bulk-copy default keeps requested per SM (its blocks x stages x rows), and
+# its threads per SM: the fastest of a grid of bulk kernels held 64 KB at 9 of 10 shapes, and
+# 512 threads at 7 (H200, hidden 2048-8192, docs/backward.md).
+TARGET_STAGED_BYTES = 64 * 1024
+TARGET_BULK_THREADS = 512
+
+# A bulk kernel holds no row in registers and its estimate runs over what ptxas allocates: of
+# 591 two-stage bulk kernels (hidden 768-16384, 64-512 threads, nvcc 13.0, sm_90) none that fits
+# its estimate spilled, so the bulk default takes the estimate without headroom.
+
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
 PREFETCH_REG_HEADROOM = 1.1
@@ -32,10 +43,10 @@ PREFETCH_REG_HEADROOM = 1.1
 def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
     """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
     configs = []
-    for threads, vec, cache, acc, blocks, prefetch in itertools.product(
-        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM, (False, True)
+    for threads, vec, cache, acc, blocks, prefetch, stages in itertools.product(
+        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM, (False, True), STAGES
     ):
-        config = Config(threads, vec, cache, acc, blocks, prefetch)
+        config = Config(threads, vec, cache, acc, blocks, prefetch, stages)
         if not check(config, problem, device):
             configs.append(config)
     return configs
@@ -60,8 +71,28 @@ def _score(config: Config, problem: BackwardProblem, device: object) -> tuple:
     )
 
 
+def _bulk_score(config: Config, problem: BackwardProblem, device: object) -> tuple:
+    """Sort key of the default among bulk-copy kernels (smaller is better)."""
+    plan = derive_plan(config, problem)
+    staged = config.blocks_per_sm * config.stages * 2 * problem.hidden * problem.itemsize
+    return (
+        plan.regs > register_cap(config, device),
+        _ACC_RANK[config.acc],
+        config.stages < 2,  # a second stage lands while the block works on the first
+        abs(math.log2(staged / TARGET_STAGED_BYTES)),
+        abs(math.log2(config.threads * config.blocks_per_sm / TARGET_BULK_THREADS)),
+        config.threads < 128,
+        -config.blocks_per_sm,  # two blocks overlap one's row reductions with the other's passes
+        plan.iters,
+        config.threads,
+    )
+
+
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
-    """Return the untuned default: the space's best configuration by :func:`_score`.
+    """Return the untuned default.
+
+    On Hopper and newer it is the best bulk-copy kernel by :func:`_bulk_score` where one fits;
+    otherwise the space's best by :func:`_score`, prefetching where its registers allow.
 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
@@ -69,6 +100,13 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
+    # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
+    # shared memory ran 39-60%: long rows keep the latter.
+    bulk = [c for c in space if c.cache == "bulk" and c.acc != "global"]
+    if bulk:
+        best = min(bulk, key=lambda c: _bulk_score(c, problem, device))
+        if _bulk_score(best, problem, device)[0] is False:
+            return best
     base = min((c for c in space if not c.prefetch), key=lambda c: _score(c, problem, device))
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
