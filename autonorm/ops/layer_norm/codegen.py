@@ -18,6 +18,7 @@ import jinja2
 from autonorm import __version__
 from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
+from autonorm.codegen.spellings import dtype_names
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import Plan
 from autonorm.ops.layer_norm.problem import Problem
@@ -39,20 +40,6 @@ KERNEL_TEMPLATES = (
     "skew.cuh.j2",
     "layer_norm_bulk.cu.j2",
 )
-
-_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
-
-_TO_FLOAT = {"float32": "a", "float16": "__half2float(a)", "bfloat16": "__bfloat162float(a)"}
-
-_FROM_FLOAT = {
-    "float32": "a",
-    "float16": "__float2half_rn(a)",
-    "bfloat16": "__float2bfloat16_rn(a)",
-}
-
-# Two fp32 values to one 32-bit pair of a 16-bit type, in one conversion instruction.
-_FROM_FLOAT2 = {"float32": "", "float16": "__floats2half2_rn", "bfloat16": "__floats2bfloat162_rn"}
-
 
 def template_environment() -> jinja2.Environment:
     """Return the Jinja environment of this family's templates (kernel and export)."""
@@ -132,10 +119,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "label": config.label(),
         "version": code_version(),
         "dtype": problem.dtype,
-        "ctype": _CTYPES[problem.dtype],
-        "to_float": _TO_FLOAT[problem.dtype],
-        "from_float": _FROM_FLOAT[problem.dtype],
-        "from_float2": _FROM_FLOAT2[problem.dtype],
+        **dtype_names(problem.dtype),
         "itemsize": problem.itemsize,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,

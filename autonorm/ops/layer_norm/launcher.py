@@ -23,6 +23,7 @@ import dataclasses
 from typing import Any
 
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKernel
+from autonorm.codegen.spellings import CTYPES
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.codegen import code_version, template_environment
 from autonorm.ops.layer_norm.config import KernelConfig
@@ -32,7 +33,6 @@ from autonorm.runtime import workspace
 HEADER_TEMPLATE = "export_launcher.h.j2"
 SOURCE_TEMPLATE = "export_launcher.cu.j2"
 
-_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 # Above 48 KiB of dynamic shared memory a kernel must opt in (cudaFuncSetAttribute).
 _SMEM_DEFAULT_LIMIT = 48 * 1024
 
@@ -146,7 +146,7 @@ def launcher_parameters(problem: RowProblem) -> list[tuple[str, str]]:
 
     ``<basename>_forward_ws`` takes ``unsigned int* workspace`` before ``stream``.
     """
-    ctype = _CTYPES[problem.dtype]
+    ctype = CTYPES[problem.dtype]
     inputs, outputs = _pointers(problem)
     return [(f"const {ctype}*", "x"), *((f"const {ctype}*", n) for n in inputs),
             *((f"{ctype}*", n) for n in outputs), ("int", "rows"), ("float", "eps"),
@@ -204,7 +204,7 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "kernel": kernel.name,
         "kernel_source": kernel.source,
         "dtype": problem.dtype,
-        "ctype": _CTYPES[problem.dtype],
+        "ctype": CTYPES[problem.dtype],
         "hidden": problem.hidden,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,

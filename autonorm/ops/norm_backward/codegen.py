@@ -12,7 +12,7 @@ from pathlib import Path
 from autonorm import __version__
 from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
-from autonorm.ops.layer_norm import codegen as forward_codegen
+from autonorm.codegen.spellings import dtype_names
 from autonorm.ops.norm_backward.config import BackwardConfig
 from autonorm.ops.norm_backward.plan import Plan, require_valid
 from autonorm.ops.norm_backward.problem import BackwardProblem
@@ -79,10 +79,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "label": config.label(),
         "version": code_version(),
         "dtype": dtype,
-        "ctype": forward_codegen._CTYPES[dtype],  # noqa: SLF001 - one table of dtype spellings
-        "to_float": forward_codegen._TO_FLOAT[dtype],  # noqa: SLF001
-        "from_float": forward_codegen._FROM_FLOAT[dtype],  # noqa: SLF001
-        "from_float2": forward_codegen._FROM_FLOAT2[dtype],  # noqa: SLF001
+        **dtype_names(dtype),
         "itemsize": problem.itemsize,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,
