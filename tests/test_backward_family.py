@@ -8,6 +8,7 @@ two runs or leave a row unwritten are each rejected.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -218,6 +219,26 @@ def test_long_rows_keep_sums_out_of_l2_behind_bulk_stages() -> None:
     assert (default.cache, default.acc) == ("none", "smem")
 
 
+@pytest.mark.parametrize(("op", "dtype", "label"), [
+    # The fastest of the cluster kernels timed at 65536, each 1.6x-2.3x the reloaded row with
+    # its sums in L2 (H200, docs/backward.md).
+    ("layer_norm_backward", "float32", "t512v4-bulk-accregisters-p1-s2-c8"),
+    ("rms_norm_backward", "bfloat16", "t512v8-bulk-accregisters-p1-s2-c4"),
+    ("rms_norm_backward", "float32", "t512v4-bulk-accregisters-p1-s2-c8"),
+])
+def test_rows_past_the_sums_of_one_block_take_a_cluster(op: str, dtype: str, label: str) -> None:
+    family = registry.get(op)
+    assert family.default(family.problem(hidden=65536, dtype=dtype), H200).label() == label
+
+
+def test_whole_rows_come_before_clusters() -> None:
+    # RMSNorm fp32 16384: whole rows with the sums in shared memory ran 88.5% of copy, the
+    # fastest cluster kernel 53.3% (H200, docs/backward.md).
+    family = registry.get("rms_norm_backward")
+    default = family.default(family.problem(hidden=16384, dtype="float32"), H200)
+    assert default.label() == "t512v4-bulk-accsmem-p1-s1"
+
+
 def test_bulk_rules() -> None:
     problem = LayerNormBackward(4096, "bfloat16")
     bulk = BackwardConfig(256, 8, "bulk", "registers", 2, stages=2)
@@ -235,6 +256,42 @@ def test_bulk_rules() -> None:
     assert any("do not fit an SM" in r
                for r in check(dataclasses.replace(bulk, blocks_per_sm=4, stages=4), problem,
                               H200))
+
+
+def test_cluster_rules_and_plan() -> None:
+    problem = LayerNormBackward(65536, "bfloat16")
+    config = BackwardConfig(512, 8, "bulk", "registers", 1, stages=2, cluster=8)
+    assert check(config, problem, H200) == []
+    assert config.label() == "t512v8-bulk-accregisters-p1-s2-c8"
+    assert BackwardConfig.from_label(config.label()) == config
+    plan = derive_plan(config, problem)
+    assert (plan.seg, plan.nvec, plan.iters) == (8192, 1024, 2)
+    assert plan.smem_bytes == 2 * 2 * 8192 * 2 + 2 * 8  # this block's share of x and dy
+    assert any("cache='bulk'" in r for r in check(
+        BackwardConfig(512, 8, "registers", "registers", 1, cluster=2), problem, H200))
+    assert any("cannot split hidden" in r for r in check(
+        dataclasses.replace(config, cluster=8), LayerNormBackward(8200, "bfloat16"), H200))
+    assert any("compute capability 9.0" in r for r in check(config, problem, A100))
+    kernel = registry.get("layer_norm_backward").render(config, problem, H200)
+    assert kernel.launch.cluster == 8
+    assert "__cluster_dims__(8, 1, 1)" in kernel.source
+
+
+def test_a_case_grid_counts_clusters() -> None:
+    # Verification's small grids (one block, three) launch whole clusters.
+    problem = LayerNormBackward(64, "float32")
+    kernel = NumpyKernel(problem)
+    grids = []
+    launch = kernel.launch_arrays
+
+    def record(*args, grid=None):  # noqa: ANN002, ANN202
+        grids.append(grid)
+        launch(*args, grid=grid)
+
+    kernel.launch_arrays = record
+    kernel.plan = types.SimpleNamespace(cluster=4)
+    assert verify(kernel, problem, xp=np).ok
+    assert {g for g in grids if g is not None} == {4, 12}
 
 
 def test_bulk_plan_places_the_stages_after_the_sums() -> None:

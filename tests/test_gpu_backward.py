@@ -1,10 +1,12 @@
 """GPU: the backward kernels verify against float64 gradients, repeat bit for bit, and break.
 
-A fixed-seed cover of the template's branches (row in registers or read again; column sums in
-registers, shared memory or L2; several grids) is verified for LayerNorm and RMSNorm in every
+A fixed-seed cover of the template's branches (row in registers, read again or staged by bulk
+copy, whole or split over a cluster; column sums in registers, shared memory or L2; several
+grids) is verified for LayerNorm and RMSNorm in every
 dtype, fp32 dx and dweight within 1e-5 of float64 on rows of mean 1000 and spread 0.1. Broken
-kernels (dx without its mean term, the shift dropped, dweight summed over half the partial rows)
-must fail the verifier, and the public functions give torch's gradients.
+kernels (dx without its mean term, the shift dropped, dweight summed over half the partial rows,
+a stage refilled with the wrong row) must fail the verifier, and the public functions give
+torch's gradients.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def test_cover_verifies(op: str, dtype: str, limits) -> None:  # noqa: ANN001
     for hidden in HIDDEN:
         problem = family.problem(hidden=hidden, dtype=dtype)
         space = family.space(problem, limits)
-        bulk = [c for c in space if c.cache == "bulk"]
+        bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
+        clustered = [c for c in space if c.cluster > 1]
         picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
         picks += rng.sample(bulk, min(PICKS, len(bulk)))
+        picks += rng.sample(clustered, min(PICKS, len(clustered)))
         for config in dict.fromkeys(picks):
             kernel = _compile(family.render(config, problem, limits))
             if kernel.attributes.get("local_size_bytes", 0):
@@ -75,11 +79,11 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
 BREAKS = {
     "drop-mean": (" - c2));", "));"),
     "no-shift": ("const float shift = to_f(x", "const float shift = 0.f * to_f(x"),
-    "half-partials": ("p < (int)gridDim.x; p += NW", "p < (int)(gridDim.x + 1) / 2; p += NW"),
+    "half-partials": ("p < num_clusters; p += NW", "p < (num_clusters + 1) / 2; p += NW"),
 }
 
 # A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
-BULK_BREAKS = {"stale-stage": ("row + S * gridDim.x,", "row + (S - 1) * gridDim.x,")}
+BULK_BREAKS = {"stale-stage": ("row + S * num_clusters,", "row + (S - 1) * num_clusters,")}
 
 # A kernel holding its row in registers, and a bulk-copy one of two stages.
 BROKEN_CONFIGS = {
@@ -87,11 +91,13 @@ BROKEN_CONFIGS = {
                   "blocks_per_sm": 1, "prefetch": True},
     "bulk": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers", "blocks_per_sm": 2,
              "stages": 2},
+    "cluster": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
+                "blocks_per_sm": 1, "stages": 2, "cluster": 2},
 }
 
 
 @pytest.mark.parametrize(("form", "name"), [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
-                         + [("bulk", n) for n in BULK_BREAKS])
+                         + [(f, n) for f in ("bulk", "cluster") for n in BULK_BREAKS])
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")

@@ -1,9 +1,9 @@
 """The inputs every backward kernel is verified on, chosen to break wrong kernels.
 
-Random rows (on the launch's own grid, on one block and on three, so every block runs the
-row loop and the column sums meet across blocks), rows far from zero (mean 1000 and spread 0.1
-in fp32) where a sum of x without a shift loses the spread, constant rows (variance zero), and
-large and tiny magnitudes. Each case has :data:`VERIFY_ROWS` rows, a prime.
+Random rows (on the launch's own grid, on one block or cluster and on three, so every block
+runs the row loop and the column sums meet across blocks), rows far from zero (mean 1000 and
+spread 0.1 in fp32) where a sum of x without a shift loses the spread, constant rows (variance
+zero), and large and tiny magnitudes. Each case has :data:`VERIFY_ROWS` rows, a prime.
 
 Pure logic: NumPy only.
 """

@@ -60,7 +60,7 @@ def render(
     launch = LaunchPlan(
         threads=config.threads,
         smem_bytes=plan.smem_bytes,
-        cluster=1,
+        cluster=config.cluster,
         rows_per_block=1,
         blocks_per_sm=config.blocks_per_sm,
         resident=True,
@@ -101,5 +101,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "PREFETCH": config.prefetch,
         "acc": config.acc,
         "S": config.stages,
+        "C": config.cluster,
         "STAGE_OFFSET": plan.stage_offset,
     }

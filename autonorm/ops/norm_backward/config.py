@@ -28,7 +28,12 @@ BLOCKS_PER_SM = (1, 2, 3, 4, 6, 8)
 # Rows a bulk-copy block has requested ahead (its shared-memory stages); 0 for the other caches.
 STAGES = (0, 1, 2, 3, 4)
 
-_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?")
+# Blocks of a thread-block cluster that split each row's columns (bulk-copy kernels): each holds
+# the sums of its share of the columns, and the row's statistics meet in distributed shared
+# memory.
+CLUSTERS = (1, 2, 4, 8)
+
+_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class BackwardConfig:
             one (two rows a block in flight, twice the registers for them).
         stages: with ``cache="bulk"``, the rows of x and dy a block holds in shared memory, each
             requested from the bulk-copy engine as soon as its stage is free; 0 otherwise.
+        cluster: with ``cache="bulk"``, the blocks of a cluster that split each row's columns
+            (1: a block takes whole rows).
     """
 
     threads: int = 256
@@ -55,6 +62,7 @@ class BackwardConfig:
     blocks_per_sm: int = 2
     prefetch: bool = False
     stages: int = 0
+    cluster: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """Return the fields as plain JSON values."""
@@ -69,11 +77,12 @@ class BackwardConfig:
     def label(self) -> str:
         """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2``.
 
-        ``-f`` marks prefetch and ``-s3`` three bulk-copy stages.
+        ``-f`` marks prefetch, ``-s3`` three bulk-copy stages and ``-c4`` a cluster of four.
         """
         return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
                 f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}"
-                f"{f'-s{self.stages}' if self.stages else ''}")
+                f"{f'-s{self.stages}' if self.stages else ''}"
+                f"{f'-c{self.cluster}' if self.cluster > 1 else ''}")
 
     @classmethod
     def from_label(cls, label: str) -> BackwardConfig:
@@ -85,6 +94,6 @@ class BackwardConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a backward kernel label: {label!r}")
-        threads, vec, cache, acc, blocks, prefetch, stages = match.groups()
+        threads, vec, cache, acc, blocks, prefetch, stages, cluster = match.groups()
         return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None,
-                   int(stages or 0))
+                   int(stages or 0), int(cluster or 1))

@@ -14,6 +14,7 @@ from autonorm.ops.norm_backward.config import (
     ACCS,
     BLOCKS_PER_SM,
     CACHES,
+    CLUSTERS,
     STAGES,
     THREADS,
     VECS,
@@ -68,6 +69,7 @@ class BackwardFamily:
             prefetch=(trial.suggest_categorical("prefetch", (False, True))
                       if cache == "registers" else False),
             stages=trial.suggest_categorical("stages", STAGES[1:]) if cache == "bulk" else 0,
+            cluster=trial.suggest_categorical("cluster", CLUSTERS) if cache == "bulk" else 1,
         )
 
     def check(

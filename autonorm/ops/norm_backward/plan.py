@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autonorm.errors import ConfigError
-from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, STAGES, THREADS, VECS
+from autonorm.ops.norm_backward.config import (
+    ACCS,
+    BLOCKS_PER_SM,
+    CACHES,
+    CLUSTERS,
+    STAGES,
+    THREADS,
+    VECS,
+)
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
@@ -39,6 +47,9 @@ BASE_REGS = 64
 RED_BYTES = 2 * 32 * 3 * 4
 TILE_BYTES_PER_WARP = 128 * 4
 
+# The cluster's exchange slots: two buffers of four floats.
+CLUSTER_SLOT_BYTES = 2 * 4 * 4
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -47,7 +58,8 @@ class Plan:
     Attributes:
         config: the configuration.
         problem: the problem.
-        nvec: vectors per row.
+        seg: elements of a row one block takes (the hidden size over the cluster).
+        nvec: vectors per row a block takes.
         iters: vectors per thread per row.
         even: every thread has a vector in every iteration (no guard).
         smem_bytes: dynamic shared memory: the column sums of ``acc="smem"``, then a bulk
@@ -59,6 +71,7 @@ class Plan:
 
     config: Config
     problem: BackwardProblem
+    seg: int
     nvec: int
     iters: int
     even: bool
@@ -81,7 +94,8 @@ def register_cap(config: Config, device: object) -> int:
 
 def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
     """Size ``config`` on ``problem`` (no validity check: :func:`check` does that)."""
-    nvec = max(1, problem.hidden // config.vec)
+    seg = problem.hidden // config.cluster
+    nvec = max(1, seg // config.vec)
     iters = -(-nvec // config.threads)
     elems = iters * config.vec
     words = elems * problem.itemsize / 4  # 32-bit registers holding elems stored values
@@ -93,14 +107,16 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         regs += int(words)  # the weight, loaded once per block
     if config.acc == "registers":
         regs += problem.sums * elems
-    sums = problem.sums * problem.hidden * 4 if config.acc == "smem" else 0
+    sums = problem.sums * seg * 4 if config.acc == "smem" else 0
     smem = sums
     if config.cache == "bulk":
-        # x's and dy's rows per stage, then one 8-byte mbarrier a stage.
-        smem += 2 * config.stages * problem.hidden * problem.itemsize + 8 * config.stages
+        # x's and dy's rows (this block's share) per stage, then one 8-byte mbarrier a stage.
+        smem += 2 * config.stages * seg * problem.itemsize + 8 * config.stages
     static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
-    return Plan(config, problem, nvec, iters, nvec % config.threads == 0, smem, sums, static,
-                regs)
+    if config.cluster > 1:
+        static += CLUSTER_SLOT_BYTES
+    return Plan(config, problem, seg, nvec, iters, nvec % config.threads == 0, smem, sums,
+                static, regs)
 
 
 def check(config: Config, problem: BackwardProblem, device: object) -> list[str]:
@@ -118,12 +134,18 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
         reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
     if config.stages not in STAGES:
         reasons.append(f"stages must be one of {STAGES}")
+    if config.cluster not in CLUSTERS:
+        reasons.append(f"cluster must be one of {CLUSTERS}")
     if reasons:
         return reasons
     if config.vec * problem.itemsize > 16:
         reasons.append(f"vec {config.vec} of {problem.dtype} is wider than 16 bytes")
     if problem.hidden % config.vec:
         reasons.append(f"vec {config.vec} does not divide hidden {problem.hidden}")
+        return reasons
+    if problem.hidden % (config.vec * config.cluster):
+        reasons.append(f"a cluster of {config.cluster} cannot split hidden {problem.hidden} "
+                       f"into whole vectors of {config.vec}")
         return reasons
     plan = derive_plan(config, problem)
     if plan.nvec < config.threads and config.threads > THREADS[0]:
@@ -167,7 +189,10 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
 def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> list[str]:
     """Return why the bulk-copy stages of ``config`` cannot run (empty when they can)."""
     if config.cache != "bulk":
-        return [] if config.stages == 0 else ["stages apply to cache='bulk' only; use 0"]
+        reasons = [] if config.stages == 0 else ["stages apply to cache='bulk' only; use 0"]
+        if config.cluster > 1:
+            reasons.append("clusters split rows of bulk-copy kernels only (cache='bulk')")
+        return reasons
     reasons = []
     if config.stages == 0:
         reasons.append("cache='bulk' needs 1 or more stages")

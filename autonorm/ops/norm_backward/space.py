@@ -10,7 +10,15 @@ import itertools
 import math
 
 from autonorm.errors import ConfigError
-from autonorm.ops.norm_backward.config import ACCS, BLOCKS_PER_SM, CACHES, STAGES, THREADS, VECS
+from autonorm.ops.norm_backward.config import (
+    ACCS,
+    BLOCKS_PER_SM,
+    CACHES,
+    CLUSTERS,
+    STAGES,
+    THREADS,
+    VECS,
+)
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
 from autonorm.ops.norm_backward.plan import MAX_ITERS, check, derive_plan, register_cap
 from autonorm.ops.norm_backward.problem import BackwardProblem
@@ -43,10 +51,10 @@ PREFETCH_REG_HEADROOM = 1.1
 def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
     """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
     configs = []
-    for threads, vec, cache, acc, blocks, prefetch, stages in itertools.product(
-        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM, (False, True), STAGES
+    for threads, vec, cache, acc, blocks, prefetch, stages, cluster in itertools.product(
+        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM, (False, True), STAGES, CLUSTERS
     ):
-        config = Config(threads, vec, cache, acc, blocks, prefetch, stages)
+        config = Config(threads, vec, cache, acc, blocks, prefetch, stages, cluster)
         if not check(config, problem, device):
             configs.append(config)
     return configs
@@ -74,11 +82,12 @@ def _score(config: Config, problem: BackwardProblem, device: object) -> tuple:
 def _bulk_score(config: Config, problem: BackwardProblem, device: object) -> tuple:
     """Sort key of the default among bulk-copy kernels (smaller is better)."""
     plan = derive_plan(config, problem)
-    staged = config.blocks_per_sm * config.stages * 2 * problem.hidden * problem.itemsize
+    staged = config.blocks_per_sm * config.stages * 2 * plan.seg * problem.itemsize
     return (
         plan.regs > register_cap(config, device),
         _ACC_RANK[config.acc],
         config.stages < 2,  # a second stage lands while the block works on the first
+        config.cluster,  # each block of a cluster meets the others at every row reduction
         abs(math.log2(staged / TARGET_STAGED_BYTES)),
         abs(math.log2(config.threads * config.blocks_per_sm / TARGET_BULK_THREADS)),
         config.threads < 128,
@@ -91,8 +100,10 @@ def _bulk_score(config: Config, problem: BackwardProblem, device: object) -> tup
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
     """Return the untuned default.
 
-    On Hopper and newer it is the best bulk-copy kernel by :func:`_bulk_score` where one fits;
-    otherwise the space's best by :func:`_score`, prefetching where its registers allow.
+    On Hopper and newer: the best bulk-copy kernel that takes whole rows (by
+    :func:`_bulk_score`) where one fits with its sums out of L2; else the space's best by
+    :func:`_score` (prefetching where its registers allow), unless that keeps its sums in L2 and
+    a cluster's bulk kernel can keep them in registers or shared memory.
 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
@@ -101,13 +112,19 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
-    # shared memory ran 39-60%: long rows keep the latter.
-    bulk = [c for c in space if c.cache == "bulk" and c.acc != "global"]
-    if bulk:
-        best = min(bulk, key=lambda c: _bulk_score(c, problem, device))
-        if _bulk_score(best, problem, device)[0] is False:
-            return best
-    base = min((c for c in space if not c.prefetch), key=lambda c: _score(c, problem, device))
+    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
+    bulk = [c for c in space if c.cache == "bulk" and c.acc != "global"
+            and not _bulk_score(c, problem, device)[0]]
+    whole = [c for c in bulk if c.cluster == 1]
+    if whole:
+        return min(whole, key=lambda c: _bulk_score(c, problem, device))
+    rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
+    base = min(rest or space, key=lambda c: _score(c, problem, device))
+    if base.acc == "global" and bulk:
+        # A row split over a cluster meets at two cluster barriers a row, which cost more than
+        # sums in shared memory (fp32 16384: 51.5% against 58.4% of copy) but far less than
+        # sums in L2 (65536: 45.8-58.8% against 22.9-36.6%; H200, docs/backward.md).
+        return min(bulk, key=lambda c: _bulk_score(c, problem, device))
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
     prefetching = dataclasses.replace(base, prefetch=True)

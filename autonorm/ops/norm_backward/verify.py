@@ -100,6 +100,9 @@ def _launch(
     dx = xp.full((rows + 1, n), poison, dtype=bits)  # NaN + a guard row
     dw = xp.full(n, poison, dtype=bits) if problem.has_weight else None
     db = xp.full(n, poison, dtype=bits) if problem.has_bias else None
+    if grid is not None:
+        # A case's grid counts clusters: the blocks of one split each row's columns.
+        grid *= getattr(kernel.plan, "cluster", 1)
     blocks = grid if grid is not None else kernel.grid(rows)
     partials = xp.full(problem.partial_floats(blocks), float("nan"), dtype=xp.float32)
     kernel.launch_arrays(x, dy, w, dx, dw, db, partials, rows, eps, grid=grid)
