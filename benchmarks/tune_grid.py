@@ -11,7 +11,8 @@ Example (the shipped grid, written to a fresh file)::
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
 
 ``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm``, ``add_rms_norm``
-(RMSNorm after the fused residual add) and ``add_layer_norm`` (LayerNorm after it).
+(RMSNorm after the fused residual add), ``add_layer_norm`` (LayerNorm after it) and the
+backwards ``layer_norm_backward`` and ``rms_norm_backward``.
 ``--models autonorm/tuning_db/models.json`` tunes the hidden sizes of the models listed there
 (each size once; a LayerNorm model's for the LayerNorm ops, an RMSNorm model's for the RMSNorm
 ops) at a decode and a prefill row count instead;
@@ -74,6 +75,10 @@ OPS = {
                                         "residual": True}, "rms_norm"),
     # LayerNorm after the fused residual add, with weight and bias (autonorm.add_layer_norm).
     "add_layer_norm": GridOp("layer_norm", {"residual": True}, "layer_norm"),
+    # The backwards (dx, dweight and dbias in one launch), of the forwards' plain forms.
+    "layer_norm_backward": GridOp("layer_norm_backward", {}, "layer_norm"),
+    "rms_norm_backward": GridOp("rms_norm_backward", {"has_weight": True,
+                                                      "weight_offset": False}, "rms_norm"),
 }
 
 

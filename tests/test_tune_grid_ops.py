@@ -1,4 +1,5 @@
-"""tune_grid.py's ``--ops``: LayerNorm and RMSNorm, plain and after the fused residual add.
+"""tune_grid.py's ``--ops``: LayerNorm and RMSNorm, plain, after the fused residual add and
+backward.
 
 CPU only: the grid is expanded and listed without a GPU, and the tuning loop runs on a fake
 H200 with the fake evaluator (tests/fake_evaluator.py) into a temporary database.
@@ -14,6 +15,7 @@ import pytest
 from fake_evaluator import FakeEvaluator
 
 from autonorm.ops.layer_norm.problem import Problem as LayerNormProblem
+from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
 from autonorm.ops.rms_norm.problem import Problem as RMSNormProblem
 from autonorm.runtime.device import DeviceInfo
 from autonorm.store.db import TuningDB, TuningKey
@@ -166,6 +168,20 @@ def fake_h200(tmp_path, monkeypatch) -> list:
 
     monkeypatch.setattr(tune_grid, "WarmIsolated", lambda limits: factory)
     return tuned
+
+
+@pytest.mark.usefixtures("quiet_optuna")
+def test_the_backwards_are_tuned_and_stored_under_their_ops(fake_h200, tmp_path, capsys):
+    db = tmp_path / "grid.db"
+    argv = ["--ops", "layer_norm_backward,rms_norm_backward", "--hidden", "2048", "--dtypes",
+            "fp32", "--rows", "grid", "--trials", "2", "--db", str(db)]
+    assert tune_grid.main(argv) == 0
+    assert fake_h200 == [LayerNormBackward(2048, "float32"),
+                         RMSNormBackward(2048, "float32", has_weight=True)]
+    with TuningDB(db) as store:
+        ops = {w.key.op for w in store.winners()}
+    assert ops == {"layer_norm_backward", "rms_norm_backward"}
+    assert "tuning rms_norm_backward on NVIDIA H200" in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("quiet_optuna")
