@@ -39,10 +39,6 @@ DEFAULT_REG_HEADROOM = 1.25
 TARGET_STAGED_BYTES = 64 * 1024
 TARGET_BULK_THREADS = 512
 
-# A bulk kernel holds no row in registers and its estimate runs over what ptxas allocates: of
-# 591 two-stage bulk kernels (hidden 768-16384, 64-512 threads, nvcc 13.0, sm_90) none that fits
-# its estimate spilled, so the bulk default takes the estimate without headroom.
-
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
 PREFETCH_REG_HEADROOM = 1.1
@@ -51,12 +47,18 @@ PREFETCH_REG_HEADROOM = 1.1
 def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
     """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
     configs = []
-    for threads, vec, cache, acc, blocks, prefetch, stages, cluster in itertools.product(
-        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM, (False, True), STAGES, CLUSTERS
+    for threads, vec, cache, acc, blocks in itertools.product(
+        THREADS, VECS, CACHES, ACCS, BLOCKS_PER_SM
     ):
-        config = Config(threads, vec, cache, acc, blocks, prefetch, stages, cluster)
-        if not check(config, problem, device):
-            configs.append(config)
+        # Only the fields that apply to the cache vary (the rules refuse the others), in the
+        # order of the full product.
+        prefetches = (False, True) if cache == "registers" else (False,)
+        stages = STAGES[1:] if cache == "bulk" else (0,)
+        clusters = CLUSTERS if cache == "bulk" else (1,)
+        for prefetch, stage, cluster in itertools.product(prefetches, stages, clusters):
+            config = Config(threads, vec, cache, acc, blocks, prefetch, stage, cluster)
+            if not check(config, problem, device):
+                configs.append(config)
     return configs
 
 
@@ -84,6 +86,9 @@ def _bulk_score(config: Config, problem: BackwardProblem, device: object) -> tup
     plan = derive_plan(config, problem)
     staged = config.blocks_per_sm * config.stages * 2 * plan.seg * problem.itemsize
     return (
+        # A bulk kernel holds no row in registers and its estimate runs over what ptxas
+        # allocates: of 591 two-stage bulk kernels (hidden 768-16384, 64-512 threads, nvcc 13.0,
+        # sm_90) none that fits its estimate spilled, so no headroom here.
         plan.regs > register_cap(config, device),
         _ACC_RANK[config.acc],
         config.stages < 2,  # a second stage lands while the block works on the first
