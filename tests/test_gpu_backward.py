@@ -34,33 +34,58 @@ def limits():  # noqa: ANN201
     return query_device(0).limits()
 
 
+@pytest.fixture(scope="module")
+def pool():  # noqa: ANN201
+    from autonorm.runtime.compiler import CompilePool
+
+    compile_pool = CompilePool()
+    yield compile_pool
+    compile_pool.close()
+
+
 def _compile(kernel):  # noqa: ANN001, ANN202
     from autonorm.runtime.compiler import compile_kernel
 
     return compile_kernel(kernel)
 
 
+def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
+    """The default, and one pick of the space, of its whole-row bulk kernels and its clusters."""
+    space = family.space(problem, limits)
+    bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
+    clustered = [c for c in space if c.cluster > 1]
+    picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
+    picks += rng.sample(bulk, min(PICKS, len(bulk)))
+    picks += rng.sample(clustered, min(PICKS, len(clustered)))
+    return list(dict.fromkeys(picks))
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_cover_verifies(op: str, dtype: str, limits) -> None:  # noqa: ANN001
+def test_cover_verifies(op: str, dtype: str, limits, pool) -> None:  # noqa: ANN001
+    from autonorm.runtime.device import query_device
+
     family = registry.get(op)
     rng = random.Random(f"{op}{dtype}")
-    failures = []
+    # Every kernel of the cover is compiled in the pool's processes first (NVRTC one at a time
+    # here took most of this test's minutes); compile_kernel then loads each from the cache.
+    rendered = []
     for hidden in HIDDEN:
         problem = family.problem(hidden=hidden, dtype=dtype)
-        space = family.space(problem, limits)
-        bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
-        clustered = [c for c in space if c.cluster > 1]
-        picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
-        picks += rng.sample(bulk, min(PICKS, len(bulk)))
-        picks += rng.sample(clustered, min(PICKS, len(clustered)))
-        for config in dict.fromkeys(picks):
-            kernel = _compile(family.render(config, problem, limits))
-            if kernel.attributes.get("local_size_bytes", 0):
-                continue  # spills: the evaluator refuses it before verifying
-            result = verify(kernel, problem)
-            if not result.ok:
-                failures.append(f"{hidden} {config.label()}: {result.summary()}")
+        rendered += [(problem, family.render(c, problem, limits))
+                     for c in _cover(family, problem, limits, rng)]
+    arch = query_device(0).arch
+    for _, kernel in rendered:
+        pool.submit(kernel, arch)
+    failures = []
+    for problem, source in rendered:
+        assert pool.wait(source) is None, source.config.label()
+        kernel = _compile(source)
+        if kernel.attributes.get("local_size_bytes", 0):
+            continue  # spills: the evaluator refuses it before verifying
+        result = verify(kernel, problem)
+        if not result.ok:
+            failures.append(f"{problem.hidden} {source.config.label()}: {result.summary()}")
     assert not failures, failures
 
 
