@@ -170,3 +170,163 @@ def test_backward_time_is_both_less_forward_with_every_gradient_and_dy_untouched
     assert seen and all(needs == (True, True, True) for needs in seen)
     assert torch.equal(dy, before)
     assert not (x.requires_grad or w.requires_grad or b.requires_grad)
+
+
+def test_mode_defaults_to_backward_and_takes_training():
+    assert bench.parse_args([]).mode == "backward"
+    assert bench.parse_args(["--mode", "training"]).mode == "training"
+    assert bench.parse_args(["--mode", "backward", "--hidden", "512"]).mode == "backward"
+
+
+def test_an_unknown_mode_is_an_argparse_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(["--mode", "forward"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --mode" in err and "invalid choice: 'forward'" in err
+
+
+def test_help_names_the_modes():
+    env = {**os.environ, "COLUMNS": "200"}
+    run = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "--mode {backward,training}" in run.stdout
+
+
+def test_the_title_names_the_mode():
+    backward, training = bench.mode_title("backward"), bench.mode_title("training")
+    assert backward.startswith("mode backward:") and training.startswith("mode training:")
+    assert "forward + backward" in training and "forward" not in backward
+    with pytest.raises(ValueError, match="mode"):
+        bench.mode_title("inference")
+
+
+@pytest.mark.parametrize(("op", "backward", "training"), [
+    # backward: x, dy read and dx written (3 rows), the weight read, a column sum per parameter;
+    # training adds the forward's x read and y written (2 rows) and each parameter read.
+    ("layer_norm", 3 * 8 + 1 + 2, 3 * 8 + 1 + 2 + 2 * 8 + 2),
+    ("rms_norm", 3 * 8 + 1 + 1, 3 * 8 + 1 + 1 + 2 * 8 + 1),
+])
+def test_bytes_counted_per_mode(op, backward, training):
+    assert bench.norm_bytes("backward", op, 8, 16, 2) == backward * 16 * 2
+    assert bench.norm_bytes("training", op, 8, 16, 2) == training * 16 * 2
+    assert bench.norm_bytes("training", op, 8, 16, 4) == 2 * bench.norm_bytes("training", op, 8,
+                                                                                16, 2)
+
+
+def test_bytes_for_an_unknown_mode_raise():
+    with pytest.raises(ValueError, match="mode"):
+        bench.norm_bytes("forward", "rms_norm", 8, 16, 2)
+
+
+def test_training_time_is_one_timed_step_with_fresh_gradients_and_dy_untouched():
+    torch = pytest.importorskip("torch")
+    calls = []
+
+    class InPlace(torch.autograd.Function):
+        """y = x * w + b whose backward writes dx over the gradient, as Liger's RMSNorm does."""
+
+        @staticmethod
+        def forward(ctx, x, w, b):  # noqa: ANN001, ANN205
+            ctx.save_for_backward(x, w)
+            return x * w + b
+
+        @staticmethod
+        def backward(ctx, dy):  # noqa: ANN001, ANN205
+            x, w = ctx.saved_tensors
+            calls.append(("backward", ctx.needs_input_grad))
+            dw, db = (dy * x).sum(0), dy.sum(0)
+            return dy.mul_(w), dw, db
+
+    def norm(x, w, b):  # noqa: ANN001, ANN202
+        # The gradients each step starts from: None where the previous step cleared them.
+        calls.append(("forward", (x.grad, w.grad, b.grad), torch.is_grad_enabled()))
+        leaves.append((x, w, b))
+        return InPlace.apply(x, w, b)
+
+    leaves, timed = [], []
+
+    def do_bench(fn, rep):  # noqa: ANN001, ANN202
+        timed.append((fn.__name__, rep))
+        fn()
+        return 7.5
+
+    x, dy = torch.randn(4, 8), torch.randn(4, 8)
+    w, b = torch.randn(8), torch.randn(8)
+    before = dy.clone()
+    assert bench._training_ms(norm, x, dy, w, b, do_bench) == 7.5
+    # One timed call of the whole step (a warm-up before it), no forward subtracted.
+    assert timed == [("both", 200)]
+    assert [c[0] for c in calls] == ["forward", "backward", "forward", "backward"]
+    for forward, backward in (calls[0:2], calls[2:4]):
+        assert forward[1] == (None, None, None) and forward[2]
+        assert backward[1] == (True, True, True)
+    # Same leaves each step, every gradient cleared after it rather than accumulated.
+    assert all(a is c for a, c in zip(*leaves, strict=True))
+    assert all(t.requires_grad and t.is_leaf and t.grad is None for t in leaves[1])
+    assert torch.equal(dy, before)
+    assert not (x.requires_grad or w.requires_grad or b.requires_grad)
+
+
+def test_training_times_every_implementation_and_leaves_out_an_absent_liger():
+    torch = pytest.importorskip("torch")
+    last = []
+
+    def fake(name):  # noqa: ANN001, ANN202
+        def norm(x, w, b):  # noqa: ANN001, ANN202
+            last.append(name)
+            return x * w + b
+        return norm
+
+    speeds = {"autonorm": 1.0, "eager": 2.0, "compile": 3.0, "liger": 4.0}
+
+    def do_bench(fn, rep):  # noqa: ANN001, ANN202
+        fn()
+        return speeds[last[-1]]
+
+    x, dy, w, b = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    norms = {name: fake(name) for name in speeds}
+    assert bench._training_peers_ms("layer_norm", norms, x, dy, w, b, do_bench) == speeds
+    norms["liger"] = None
+    assert bench._training_peers_ms("layer_norm", norms, x, dy, w, b, do_bench) == {
+        "autonorm": 1.0, "eager": 2.0, "compile": 3.0}
+
+
+def test_a_failing_liger_is_not_measured_but_a_failing_autonorm_propagates(capsys):
+    torch = pytest.importorskip("torch")
+
+    def ok(x, w, b):  # noqa: ANN001, ANN202
+        return x * w
+
+    def broken(x, w, b):  # noqa: ANN001, ANN202
+        raise RuntimeError("hidden too large")
+
+    def do_bench(fn, rep):  # noqa: ANN001, ANN202
+        fn()
+        return 2.0
+
+    x, dy, w, b = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    ms = bench._training_peers_ms("rms_norm", {"autonorm": ok, "eager": ok, "liger": broken},
+                                  x, dy, w, b, do_bench)
+    assert ms == {"autonorm": 2.0, "eager": 2.0, "liger": None}
+    assert "Liger rms_norm at (4, 8)" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="hidden too large"):
+        bench._training_peers_ms("rms_norm", {"autonorm": broken, "liger": ok}, x, dy, w, b,
+                                 do_bench)
+
+
+def test_the_timer_reports_the_median() -> None:
+    # Triton's do_bench reports the mean unless asked for another statistic.
+    def modern(fn, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_mode="mean"):  # noqa: ANN001, ANN202, ARG001
+        return {"mean": 9.0, "median": 2.0}[return_mode]
+
+    def quantiled(fn, warmup=25, rep=100, quantiles=None):  # noqa: ANN001, ANN202, ARG001
+        return [3.0] if quantiles == [0.5] else 9.0
+
+    def plain(fn, rep=100):  # noqa: ANN001, ANN202, ARG001
+        return 4.0
+
+    assert bench.median_bench(modern)(lambda: None, rep=200) == 2.0
+    assert bench.median_bench(quantiled)(lambda: None, rep=200) == 3.0
+    assert bench.median_bench(plain)(lambda: None, rep=200) == 4.0
