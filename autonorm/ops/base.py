@@ -172,3 +172,12 @@ def rows_bucket(rows: int) -> int:
     if rows <= 1:
         return 1
     return 1 << (rows - 1).bit_length()
+
+
+def domain_reasons(config: Any, domains: dict[str, Sequence[Any]]) -> list[str]:
+    """Return why fields of ``config`` lie outside their domains, in the order of ``domains``.
+
+    Each reason reads ``"<field> must be one of <domain>"``; a family's rules start from these.
+    """
+    return [f"{name} must be one of {domain}" for name, domain in domains.items()
+            if getattr(config, name) not in domain]

@@ -12,6 +12,7 @@ Pure logic: no CuPy, no GPU.
 from __future__ import annotations
 
 from autonorm.errors import ConfigError
+from autonorm.ops.base import domain_reasons
 from autonorm.ops.layer_norm.config import (
     BLOCKS_PER_SM,
     CACHES,
@@ -142,14 +143,8 @@ def _domain_reasons(config: KernelConfig, problem: Problem, allow_unstable: bool
             reasons.append("RMSNorm has one statistic: stats must be 'two_pass' (its default)")
     elif config.stats not in stats_ok:
         reasons.append(f"stats must be one of {stats_ok}")
-    if config.cluster not in CLUSTERS:
-        reasons.append(f"cluster must be one of {CLUSTERS}")
-    if config.blocks_per_sm not in BLOCKS_PER_SM:
-        reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
-    if config.stages not in STAGES:
-        reasons.append(f"stages must be one of {STAGES}")
-    if config.max_regs not in MAX_REGS:
-        reasons.append(f"max_regs must be one of {MAX_REGS}")
+    reasons += domain_reasons(config, {"cluster": CLUSTERS, "blocks_per_sm": BLOCKS_PER_SM,
+                                       "stages": STAGES, "max_regs": MAX_REGS})
     return reasons
 
 

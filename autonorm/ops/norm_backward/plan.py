@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autonorm.errors import ConfigError
+from autonorm.ops.base import domain_reasons
 from autonorm.ops.norm_backward.config import (
     ACCS,
     BLOCKS_PER_SM,
@@ -121,21 +122,9 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
 
 def check(config: Config, problem: BackwardProblem, device: object) -> list[str]:
     """Return why ``config`` cannot run ``problem`` on ``device`` (empty when it can)."""
-    reasons: list[str] = []
-    if config.threads not in THREADS:
-        reasons.append(f"threads must be one of {THREADS}")
-    if config.vec not in VECS:
-        reasons.append(f"vec must be one of {VECS}")
-    if config.cache not in CACHES:
-        reasons.append(f"cache must be one of {CACHES}")
-    if config.acc not in ACCS:
-        reasons.append(f"acc must be one of {ACCS}")
-    if config.blocks_per_sm not in BLOCKS_PER_SM:
-        reasons.append(f"blocks_per_sm must be one of {BLOCKS_PER_SM}")
-    if config.stages not in STAGES:
-        reasons.append(f"stages must be one of {STAGES}")
-    if config.cluster not in CLUSTERS:
-        reasons.append(f"cluster must be one of {CLUSTERS}")
+    reasons = domain_reasons(config, {
+        "threads": THREADS, "vec": VECS, "cache": CACHES, "acc": ACCS,
+        "blocks_per_sm": BLOCKS_PER_SM, "stages": STAGES, "cluster": CLUSTERS})
     if reasons:
         return reasons
     if config.vec * problem.itemsize > 16:
