@@ -118,18 +118,19 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
     # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
-    bulk = [c for c in space if c.cache == "bulk" and c.acc != "global"
-            and not _bulk_score(c, problem, device)[0]]
+    scores = {c: _bulk_score(c, problem, device) for c in space
+              if c.cache == "bulk" and c.acc != "global"}
+    bulk = [c for c, score in scores.items() if not score[0]]
     whole = [c for c in bulk if c.cluster == 1]
     if whole:
-        return min(whole, key=lambda c: _bulk_score(c, problem, device))
+        return min(whole, key=scores.__getitem__)
     rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
     base = min(rest or space, key=lambda c: _score(c, problem, device))
     if base.acc == "global" and bulk:
         # A row split over a cluster meets at two cluster barriers a row, which cost more than
         # sums in shared memory (fp32 16384: 51.5% against 58.4% of copy) but far less than
         # sums in L2 (65536: 45.8-58.8% against 22.9-36.6%; H200, docs/backward.md).
-        return min(bulk, key=lambda c: _bulk_score(c, problem, device))
+        return min(bulk, key=scores.__getitem__)
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
     prefetching = dataclasses.replace(base, prefetch=True)
