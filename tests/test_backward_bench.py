@@ -136,12 +136,11 @@ def test_help_parses_and_names_every_peer():
         assert word in run.stdout, word
 
 
-def test_backward_time_is_both_less_forward_with_every_gradient_and_dy_untouched():
-    torch = pytest.importorskip("torch")
+def in_place_norm(torch, record):  # noqa: ANN001, ANN201
+    """``y = x * w + b`` whose backward writes dx over the gradient, as Liger's RMSNorm does;
+    each backward passes the gradients it is asked for (``needs_input_grad``) to ``record``."""
 
     class InPlace(torch.autograd.Function):
-        """y = x * w + b whose backward writes dx over the gradient, as Liger's RMSNorm does."""
-
         @staticmethod
         def forward(ctx, x, w, b):  # noqa: ANN001, ANN205
             ctx.save_for_backward(x, w)
@@ -150,11 +149,18 @@ def test_backward_time_is_both_less_forward_with_every_gradient_and_dy_untouched
         @staticmethod
         def backward(ctx, dy):  # noqa: ANN001, ANN205
             x, w = ctx.saved_tensors
-            seen.append(ctx.needs_input_grad)
+            record(ctx.needs_input_grad)
             dw, db = (dy * x).sum(0), dy.sum(0)
             return dy.mul_(w), dw, db
 
+    return InPlace.apply
+
+
+def test_backward_time_is_both_less_forward_with_every_gradient_and_dy_untouched():
+    torch = pytest.importorskip("torch")
+
     seen, timed = [], []
+    in_place = in_place_norm(torch, seen.append)
 
     def do_bench(fn, rep):  # noqa: ANN001, ANN202
         fn()
@@ -164,7 +170,7 @@ def test_backward_time_is_both_less_forward_with_every_gradient_and_dy_untouched
     x, dy = torch.randn(4, 8), torch.randn(4, 8)
     w, b = torch.randn(8), torch.randn(8)
     before = dy.clone()
-    assert bench._backward_ms(InPlace.apply, x, dy, w, b, do_bench) == 3.0
+    assert bench._backward_ms(in_place, x, dy, w, b, do_bench) == 3.0
     assert timed == ["both", "forward"]
     # Every input's gradient asked for, so the column sums are part of what is timed.
     assert seen and all(needs == (True, True, True) for needs in seen)
@@ -223,27 +229,13 @@ def test_bytes_for_an_unknown_mode_raise():
 def test_training_time_is_one_timed_step_with_fresh_gradients_and_dy_untouched():
     torch = pytest.importorskip("torch")
     calls = []
-
-    class InPlace(torch.autograd.Function):
-        """y = x * w + b whose backward writes dx over the gradient, as Liger's RMSNorm does."""
-
-        @staticmethod
-        def forward(ctx, x, w, b):  # noqa: ANN001, ANN205
-            ctx.save_for_backward(x, w)
-            return x * w + b
-
-        @staticmethod
-        def backward(ctx, dy):  # noqa: ANN001, ANN205
-            x, w = ctx.saved_tensors
-            calls.append(("backward", ctx.needs_input_grad))
-            dw, db = (dy * x).sum(0), dy.sum(0)
-            return dy.mul_(w), dw, db
+    in_place = in_place_norm(torch, lambda needs: calls.append(("backward", needs)))
 
     def norm(x, w, b):  # noqa: ANN001, ANN202
         # The gradients each step starts from: None where the previous step cleared them.
         calls.append(("forward", (x.grad, w.grad, b.grad), torch.is_grad_enabled()))
         leaves.append((x, w, b))
-        return InPlace.apply(x, w, b)
+        return in_place(x, w, b)
 
     leaves, timed = [], []
 
