@@ -29,16 +29,20 @@ __all__ = ["layer_norm_backward", "rms_norm_backward"]
 
 
 def layer_norm_backward(
-    dy: Any, x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5
+    dy: Any, x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, dh: Any = None
 ) -> tuple[Any, Any, Any]:
     """The gradients of :func:`autonorm.layer_norm` at ``x`` for the output gradient ``dy``.
 
     Args:
         dy: gradient of the output, x's shape and dtype.
-        x: the forward's input, of shape (..., hidden), float32, float16 or bfloat16.
+        x: the forward's input, of shape (..., hidden), float32, float16 or bfloat16; after
+            :func:`autonorm.add_layer_norm`, the returned ``h = x + residual``.
         weight: the forward's weight (hidden,), or None.
         bias: the forward's bias (hidden,), or None: only whether there is one matters.
         eps: the forward's eps.
+        dh: after :func:`autonorm.add_layer_norm`, the gradient of the returned h (x's shape
+            and dtype), added to dx in the kernel: dx is then the gradient of both x and
+            residual.
 
     Returns:
         ``(dx, dweight, dbias)`` in x's dtype and kind; ``dweight`` (``dbias``) is None where
@@ -47,23 +51,27 @@ def layer_norm_backward(
     Raises:
         autonorm.errors.InputError: bad dtype, shape, device or eps (subclasses name which).
     """
-    dtype, rows, hidden = _validate(dy, x, weight, bias, eps)
-    problem = LayerNormBackward(hidden, dtype, weight is not None, bias is not None)
-    grads = _run(problem, rows, dy, x, weight, bias, float(eps))
+    dtype, rows, hidden = _validate(dy, x, weight, bias, eps, dh)
+    problem = LayerNormBackward(hidden, dtype, weight is not None, bias is not None,
+                                residual=dh is not None)
+    grads = _run(problem, rows, (dy, x, dh), weight, bias, float(eps))
     return grads["dx"], grads.get("dweight"), grads.get("dbias")
 
 
 def rms_norm_backward(
-    dy: Any, x: Any, weight: Any = None, eps: float = 1e-6, *, weight_offset: bool = False
+    dy: Any, x: Any, weight: Any = None, eps: float = 1e-6, *, weight_offset: bool = False,
+    dh: Any = None,
 ) -> tuple[Any, Any]:
     """The gradients of :func:`autonorm.rms_norm` at ``x`` for the output gradient ``dy``.
 
     Args:
         dy: gradient of the output, x's shape and dtype.
-        x: the forward's input, of shape (..., hidden).
+        x: the forward's input, of shape (..., hidden); after :func:`autonorm.add_rms_norm`,
+            the returned ``h = x + residual``.
         weight: the forward's weight (hidden,), or None.
         eps: the forward's eps.
         weight_offset: the forward scaled by ``1 + weight``.
+        dh: after :func:`autonorm.add_rms_norm`, the gradient of the returned h, added to dx.
 
     Returns:
         ``(dx, dweight)`` in x's dtype and kind; ``dweight`` is None without a weight.
@@ -71,17 +79,22 @@ def rms_norm_backward(
     Raises:
         autonorm.errors.InputError: bad dtype, shape, device, eps or weight_offset.
     """
-    dtype, rows, hidden = _validate(dy, x, weight, None, eps)
+    dtype, rows, hidden = _validate(dy, x, weight, None, eps, dh)
     check_weight_offset(weight_offset, weight)
-    problem = RMSNormBackward(hidden, dtype, weight is not None, bool(weight_offset))
-    grads = _run(problem, rows, dy, x, weight, None, float(eps))
+    problem = RMSNormBackward(hidden, dtype, weight is not None, bool(weight_offset),
+                              residual=dh is not None)
+    grads = _run(problem, rows, (dy, x, dh), weight, None, float(eps))
     return grads["dx"], grads.get("dweight")
 
 
-def _validate(dy: Any, x: Any, weight: Any, bias: Any, eps: Any) -> tuple[str, int, int]:
-    """Check x, weight, bias and eps as the forward does, and dy against x."""
+def _validate(
+    dy: Any, x: Any, weight: Any, bias: Any, eps: Any, dh: Any = None
+) -> tuple[str, int, int]:
+    """Check x, weight, bias and eps as the forward does, and dy (and dh) against x."""
     dtype, rows, hidden = validate(x, weight, bias, eps)
     check_like_x(x, "dy", dy, tuple(x.shape), "x's shape", optional=False)
+    if dh is not None:
+        check_like_x(x, "dh", dh, tuple(x.shape), "x's shape", optional=True)
     module = type(x).__module__
     if not (isinstance(x, np.ndarray) or module.startswith("cupy")):
         raise InputError(f"x must be a CuPy array or a NumPy array, got {type(x).__name__}")
@@ -89,28 +102,32 @@ def _validate(dy: Any, x: Any, weight: Any, bias: Any, eps: Any) -> tuple[str, i
 
 
 def _run(
-    problem: BackwardProblem, rows: int, dy: Any, x: Any, weight: Any, bias: Any, eps: float
+    problem: BackwardProblem, rows: int, rows_in: tuple, weight: Any, bias: Any, eps: float
 ) -> dict[str, Any]:
-    """The gradients by name, in x's dtype and kind."""
+    """The gradients by name, in x's dtype and kind, of ``rows_in = (dy, x, dh)``."""
+    dy, x, dh = rows_in
     if isinstance(x, np.ndarray):
         w = None if weight is None else np.asarray(weight, dtype=np.float64)
         grads = problem.gradients(x.reshape(rows, problem.hidden).astype(np.float64),
                                   dy.reshape(rows, problem.hidden).astype(np.float64), w, eps)
+        if dh is not None:
+            grads["dx"] = grads["dx"] + dh.reshape(rows, problem.hidden).astype(np.float64)
         return {name: g.reshape(x.shape).astype(x.dtype) if name == "dx" else g.astype(x.dtype)
                 for name, g in grads.items()}
-    return _run_cupy(problem, rows, dy, x, weight, bias, eps)
+    return _run_cupy(problem, rows, rows_in, weight, bias, eps)
 
 
 def _run_cupy(
-    problem: BackwardProblem, rows: int, dy: Any, x: Any, weight: Any, bias: Any, eps: float
+    problem: BackwardProblem, rows: int, rows_in: tuple, weight: Any, bias: Any, eps: float
 ) -> dict[str, Any]:
     """Launch the dispatched backward kernel on validated CuPy arrays."""
     import cupy
 
     from autonorm.dispatch import get_kernel
 
+    dy, x, dh = rows_in
     device_id = x.device.id
-    check_same_gpu(device_id, dy=dy, weight=weight, bias=bias)
+    check_same_gpu(device_id, dy=dy, weight=weight, bias=bias, dh=dh)
     n = problem.hidden
     with cupy.cuda.Device(device_id):
         dx = cupy.empty(x.shape, dtype=x.dtype)
@@ -122,6 +139,7 @@ def _run_cupy(
             partials = cupy.empty(problem.partial_floats(kernel.grid(rows)),
                                   dtype=cupy.float32)
             w = None if weight is None else aligned_contiguous(weight)
+            dhc = None if dh is None else aligned_contiguous(dh)
             kernel.launch_arrays(aligned_contiguous(x), aligned_contiguous(dy), w, dx, dw, db,
-                                 partials, rows, eps)
+                                 partials, dhc, rows, eps)
     return {name: g for name, g in grads.items() if g is not None}

@@ -21,8 +21,10 @@ from autonorm.runtime.limits import H200
 HIDDEN = (1, 100, 1000, 4096, 65536)
 DTYPES = ("bfloat16", "float16", "float32")
 FORMS = {
-    "layer_norm_backward": ({}, {"has_bias": False}, {"has_weight": False, "has_bias": False}),
-    "rms_norm_backward": ({}, {"weight_offset": True}, {"has_weight": False}),
+    "layer_norm_backward": ({}, {"has_bias": False}, {"has_weight": False, "has_bias": False},
+                            {"residual": True}),
+    "rms_norm_backward": ({}, {"weight_offset": True}, {"has_weight": False},
+                          {"residual": True}),
 }
 
 

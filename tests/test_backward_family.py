@@ -125,7 +125,7 @@ class NumpyKernel:
     def grid(self, rows: int) -> int:
         return min(rows, 8)
 
-    def launch_arrays(self, x, dy, w, dx, dw, db, partials, rows, eps, grid=None) -> None:  # noqa: ANN001, PLR0913
+    def launch_arrays(self, x, dy, w, dx, dw, db, partials, dh, rows, eps, grid=None) -> None:  # noqa: ANN001, PLR0913
         p = self.problem
         x64, dy64 = to_float64(x, p.dtype), to_float64(dy, p.dtype)
         w64 = None if w is None else to_float64(w, p.dtype)
@@ -143,6 +143,8 @@ class NumpyKernel:
         if self.flaw == "noisy":
             self.calls += 1
             grads["dweight"] = grads["dweight"] * (1.0 + 1e-7 * self.calls)
+        if dh is not None and self.flaw != "drop-dh":
+            grads["dx"] = grads["dx"] + to_float64(dh, p.dtype)
         out = from_float64(grads["dx"], p.dtype).view(dx.dtype)
         dx[:rows] = out
         if self.flaw == "short":
@@ -172,6 +174,34 @@ def test_gate_rejects_broken_gradients(flaw: str, message: str) -> None:
     result = verify(NumpyKernel(problem, flaw), problem, xp=np)
     assert not result.ok
     assert message in result.summary()
+
+
+@pytest.mark.parametrize("problem", [LayerNormBackward(256, "float32", residual=True),
+                                     RMSNormBackward(256, "bfloat16", residual=True)])
+def test_gate_adds_the_returned_sums_gradient(problem) -> None:  # noqa: ANN001
+    # After a residual add dx also carries the gradient of the returned h; a kernel that
+    # leaves it out is rejected.
+    assert verify(NumpyKernel(problem), problem, xp=np).ok
+    result = verify(NumpyKernel(problem, "drop-dh"), problem, xp=np)
+    assert not result.ok
+    assert "dx" in result.summary()
+
+
+def test_residual_problems_keep_plain_names_and_keys() -> None:
+    plain = LayerNormBackward(4096, "bfloat16")
+    fused = LayerNormBackward(4096, "bfloat16", residual=True)
+    assert repr(plain) == ("LayerNormBackward(hidden=4096, dtype='bfloat16', has_weight=True, "
+                           "has_bias=True)")
+    assert "residual" not in plain.fields() and fused.fields()["residual"] is True
+    assert "residual" in fused.describe() and "residual" not in plain.describe()
+    family = registry.get("layer_norm_backward")
+    config = family.default(plain, H200)
+    assert family.render(config, plain, H200).name != family.render(config, fused, H200).name
+    assert "dhr" in family.render(config, fused, H200).source
+    assert "dhr" not in family.render(config, plain, H200).source
+    # The returned h's gradient is read once more than the plain problem's inputs.
+    assert (family.bytes_moved(fused, 10) - family.bytes_moved(plain, 10)
+            == 10 * 4096 * fused.itemsize)
 
 
 def test_gate_checks_rms_weight_offset() -> None:

@@ -18,9 +18,14 @@ def test_tune_backward_stores_the_backward_op(env: Path) -> None:  # noqa: F811
     assert ops == {"rms_norm_backward"}
 
 
-def test_backward_takes_no_residual(env: Path) -> None:  # noqa: F811
-    assert_one_error_line(*invoke(["tune", "--backward", "--hidden", "1024", "--residual"]),
-                          "op layer_norm_backward takes no --residual")
+def test_render_the_backward_of_the_residual_add(env: Path) -> None:  # noqa: F811
+    # The backward of add_layer_norm: the returned h's gradient joins dx in the kernel.
+    status, stdout, _ = invoke(["render", "--op", "layer_norm_backward", "--hidden", "4096",
+                                "--residual"])
+    assert status == 0
+    assert "const T* dhr = dh + " in stdout
+    status, plain, _ = invoke(["render", "--op", "layer_norm_backward", "--hidden", "4096"])
+    assert status == 0 and "dhr" not in plain
 
 
 def test_backward_cannot_go_with_a_model_config(env: Path) -> None:  # noqa: F811

@@ -90,6 +90,24 @@ def test_cover_verifies(op: str, dtype: str, limits, pool) -> None:  # noqa: ANN
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_residual_backward_verifies_and_breaks(op: str, dtype: str, limits) -> None:  # noqa: ANN001
+    # After a residual add the returned h's gradient joins dx; a kernel that drops it fails.
+    family = registry.get(op)
+    rng = random.Random(f"residual{op}{dtype}")
+    for hidden in (4096, 65536):
+        problem = family.problem(hidden=hidden, dtype=dtype, residual=True)
+        for config in _cover(family, problem, limits, rng):
+            kernel = family.render(config, problem, limits)
+            result = verify(_compile(kernel), problem)
+            assert result.ok, (config.label(), result.summary())
+    old = "o[k] += elem(ha, k);"
+    assert old in kernel.source
+    broken = dataclasses.replace(kernel, source=kernel.source.replace(old, ";"))
+    assert not verify(_compile(broken), problem).ok
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("hidden", [1024, 4096, 16384])
 def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # noqa: ANN001
     family = registry.get(op)

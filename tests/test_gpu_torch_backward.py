@@ -38,9 +38,9 @@ def test_torch_autograd_runs_the_backward_kernel(op: str, dtype: str) -> None:
         torch.nn.functional.rms_norm(ref[0], (hidden,), ref[1], 1e-6).backward(dy.double())
     assert BACKWARD_KERNELS, "the backward did not launch an autonorm kernel"
     tol = 1e-5 if dtype == "float32" else 2e-2
-    for mine, theirs in zip(ours, ref, strict=True):
+    for i, (mine, theirs) in enumerate(zip(ours, ref, strict=True)):
         err = (mine.grad.double() - theirs.grad).abs().max() / theirs.grad.abs().max()
-        assert err < tol, (op, dtype, float(err))
+        assert err < tol, (op, dtype, i, float(err))
 
 
 def test_compiled_training_step_has_no_graph_break() -> None:
@@ -86,3 +86,41 @@ def test_backward_is_captured_by_a_cuda_graph() -> None:
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager[0]) and torch.equal(w.grad, eager[1])
+
+
+@pytest.mark.parametrize("op", ["add_layer_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_add_autograd_runs_the_backward_kernel(op: str, dtype: str) -> None:
+    # y, h = add_norm(x, residual): both outputs feed the loss, so h's gradient joins the
+    # norm's in the kernel and x and residual get the same gradient.
+    torch = pytest.importorskip("torch")
+    import autonorm.torch as at
+    from autonorm.torch.forward import BACKWARD_KERNELS
+
+    BACKWARD_KERNELS.clear()
+    tdtype = getattr(torch, dtype)
+    rows, hidden = 2048, 4096
+    x = torch.randn(rows, hidden, device="cuda", dtype=tdtype)
+    res = torch.randn_like(x)
+    dy, dh = torch.randn_like(x), torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
+    b = (0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
+    params = [x, res, w, b] if op == "add_layer_norm" else [x, res, w]
+    ours = [t.clone().requires_grad_() for t in params]
+    ref = [t.double().requires_grad_() for t in params]
+    y, h = getattr(at, op)(*ours, 1e-5 if op == "add_layer_norm" else 1e-6)
+    torch.autograd.backward([y, h], [dy, dh])
+    # The reference normalizes the sum as rounded to the dtype, as the kernel does.
+    # (The rounded value carries no gradient: h's gradient reaches x and residual once.)
+    h64 = ((ref[0] + ref[1]).detach().to(tdtype).double() + (ref[0] + ref[1])
+           - (ref[0] + ref[1]).detach())
+    if op == "add_layer_norm":
+        y64 = torch.nn.functional.layer_norm(h64, (hidden,), ref[2], ref[3], 1e-5)
+    else:
+        y64 = torch.nn.functional.rms_norm(h64, (hidden,), ref[2], 1e-6)
+    torch.autograd.backward([y64, h64], [dy.double(), dh.double()])
+    assert any(key[6] for key in BACKWARD_KERNELS), "no residual backward kernel launched"
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for i, (mine, theirs) in enumerate(zip(ours, ref, strict=True)):
+        err = (mine.grad.double() - theirs.grad).abs().max() / theirs.grad.abs().max()
+        assert err < tol, (op, dtype, i, float(err))

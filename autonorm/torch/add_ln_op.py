@@ -1,7 +1,8 @@
 """The residual add + LayerNorm custom ops and the public :func:`add_layer_norm`.
 
 ``torch.ops.autonorm.add_layer_norm`` is functional (returns new ``y`` and ``h``), with a fake
-implementation for tracing, an autograd formula in PyTorch ops (LayerNorm's, from
+implementation for tracing, autograd (on CUDA one launch of the backward kernel, the returned
+h's gradient added to dx there; elsewhere LayerNorm's formula in PyTorch ops, from
 :mod:`.custom_op`) and an autocast rule. ``torch.ops.autonorm.fused_add_layer_norm_`` is the
 in-place form with vLLM's semantics (``residual`` becomes ``h``, ``x`` becomes ``y``): it
 declares both mutations, so ``torch.compile`` functionalizes it without a graph break, and has
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from autonorm.torch.add_route import AddNorm, add_backward
+from autonorm.torch import backward_op
+from autonorm.torch.add_route import AddNorm, add_backward, kernel_serves, split_sum_grad
 from autonorm.torch.checks import check_flag, validate_add_ln
 from autonorm.torch.custom_op import layer_norm_grads
 from autonorm.torch.residual_forward import (
@@ -74,6 +76,12 @@ def _backward(ctx: object, grad_y: torch.Tensor | None, grad_h: torch.Tensor | N
     """Gradients of (y, h): x and residual both see grad_h + the norm's gradient through h."""
     h, weight = ctx.saved_tensors
     needs_x, needs_r, needs_w, needs_b = ctx.needs_input_grad[:4]
+    if kernel_serves(h, grad_y, grad_h, needs_x or needs_r):
+        # One launch: the norm's gradient with grad_h added, and the column sums.
+        grad, dw, db = backward_op.norm_backward(grad_y, h, weight, rms=False,
+                                                 has_bias=ctx.has_bias, eps=ctx.eps, dh=grad_h)
+        return (*split_sum_grad(grad, needs_x, needs_r), dw if needs_w else None,
+                db if needs_b else None, None)
     grads = add_backward(
         h, grad_y, grad_h, needs_x, needs_r,
         lambda g, needs_h: layer_norm_grads(

@@ -1,7 +1,8 @@
 """The residual add + RMSNorm custom ops and the public :func:`add_rms_norm`.
 
 ``torch.ops.autonorm.add_rms_norm`` is functional (returns new ``y`` and ``h``), with a fake
-implementation for tracing, an autograd formula in PyTorch ops and an autocast rule.
+implementation for tracing, autograd (on CUDA one launch of the backward kernel, the returned
+h's gradient added to dx there; elsewhere a formula in PyTorch ops) and an autocast rule.
 ``torch.ops.autonorm.fused_add_rms_norm_`` is vLLM's ``fused_add_rms_norm`` (``residual``
 becomes ``h``, ``x`` becomes ``y``) for inference engines: it declares both mutations, so
 ``torch.compile`` functionalizes it without a graph break, and has no gradient.
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from autonorm.torch.add_route import AddNorm, add_backward
+from autonorm.torch import backward_op
+from autonorm.torch.add_route import AddNorm, add_backward, kernel_serves, split_sum_grad
 from autonorm.torch.checks import check_flag, check_weight_offset, validate_add_rms
 from autonorm.torch.residual_forward import (
     add_in_place_reference,
@@ -74,6 +76,12 @@ def _backward(ctx: object, grad_y: torch.Tensor | None, grad_h: torch.Tensor | N
     """Gradients of (y, h): x and residual both see grad_h + the norm's gradient through h."""
     h, weight = ctx.saved_tensors
     needs_x, needs_r, needs_w = ctx.needs_input_grad[:3]
+    if kernel_serves(h, grad_y, grad_h, needs_x or needs_r):
+        # One launch: the norm's gradient with grad_h added, and the weight's column sum.
+        grad, dw, _ = backward_op.norm_backward(grad_y, h, weight, rms=True,
+                                                weight_offset=ctx.weight_offset, eps=ctx.eps,
+                                                dh=grad_h)
+        return (*split_sum_grad(grad, needs_x, needs_r), dw if needs_w else None, None, None)
     grads = add_backward(
         h, grad_y, grad_h, needs_x, needs_r,
         lambda g, needs_h: rms_norm_grads(

@@ -21,7 +21,7 @@ from autonorm.torch.checks import as_float, check_tensors
 from autonorm.torch.custom_op import any_autocast, apply_autocast, dispatch_modes
 from autonorm.torch.residual_forward import add_in_place_reference
 
-__all__ = ["AddNorm", "add_backward", "autocast_add"]
+__all__ = ["AddNorm", "add_backward", "autocast_add", "kernel_serves", "split_sum_grad"]
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -212,8 +212,24 @@ def add_backward(
     if needs_h:
         if grad_h is not None:
             grad_hf = grad_hf + grad_h.float()
-        grad = grad_hf.to(h.dtype)
-        grad_x = grad if needs_x else None
-        # A tensor of its own: a gradient accumulated into x.grad must not show in residual's.
-        grad_r = (grad.clone() if needs_x else grad) if needs_r else None
+        grad_x, grad_r = split_sum_grad(grad_hf.to(h.dtype), needs_x, needs_r)
     return (grad_x, grad_r, *param_grads)
+
+
+def split_sum_grad(
+    grad: torch.Tensor, needs_x: bool, needs_r: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradient of ``h = x + residual`` as x's and residual's (None where not needed)."""
+    grad_x = grad if needs_x else None
+    # A tensor of its own: a gradient accumulated into x.grad must not show in residual's.
+    grad_r = (grad.clone() if needs_x else grad) if needs_r else None
+    return grad_x, grad_r
+
+
+def kernel_serves(h: torch.Tensor, grad_y: torch.Tensor | None, grad_h: torch.Tensor | None,
+                  needs_h: bool) -> bool:
+    """Whether the backward kernel gives h's gradient here (grad_h added in the kernel)."""
+    from autonorm.torch import backward_op
+
+    return (needs_h and grad_y is not None and backward_op.supports(h, grad_y)
+            and (grad_h is None or (grad_h.dtype == h.dtype and grad_h.device == h.device)))

@@ -25,19 +25,19 @@ __all__ = ["norm_backward"]
     "autonorm::norm_backward",
     mutates_args=(),
     schema=("(Tensor dy, Tensor x, Tensor? weight, bool rms, bool has_bias, bool weight_offset, "
-            "float eps) -> (Tensor, Tensor, Tensor)"),
+            "float eps, Tensor? dh=None) -> (Tensor, Tensor, Tensor)"),
 )
 def _norm_backward_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rms: bool, has_bias: bool,
-    weight_offset: bool, eps: float,
+    weight_offset: bool, eps: float, dh: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _launch(dy, x, weight, rms, has_bias, weight_offset, eps)
+    return _launch(dy, x, weight, rms, has_bias, weight_offset, eps, dh)
 
 
 @_norm_backward_op.register_fake
 def _norm_backward_fake(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rms: bool, has_bias: bool,
-    weight_offset: bool, eps: float,
+    weight_offset: bool, eps: float, dh: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     hidden = x.shape[-1]
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -49,6 +49,7 @@ def _norm_backward_fake(
 def norm_backward(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, *, rms: bool,
     has_bias: bool = False, weight_offset: bool = False, eps: float,
+    dh: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Return ``(dx, dweight, dbias)`` of a norm of CUDA tensors, in x's dtype (None: absent).
 
@@ -60,8 +61,11 @@ def norm_backward(
         has_bias: the LayerNorm had a bias.
         weight_offset: the RMSNorm scaled by ``1 + weight``.
         eps: the forward's eps.
+        dh: after a fused residual add (x is then the returned h), the gradient of h, added to
+            dx in the kernel.
     """
-    dx, dw, db = _norm_backward_op(dy, x, weight, rms, has_bias and not rms, weight_offset, eps)
+    dx, dw, db = _norm_backward_op(dy, x, weight, rms, has_bias and not rms, weight_offset, eps,
+                                   dh)
     return dx, (dw if weight is not None else None), (db if has_bias and not rms else None)
 
 
@@ -72,15 +76,15 @@ def supports(x: torch.Tensor, grad_y: torch.Tensor) -> bool:
 
 
 def _problem(key: tuple) -> BackwardProblem:
-    _, dtype, hidden, rms, has_weight, flag, _ = key
+    _, dtype, hidden, rms, has_weight, flag, residual, _ = key
     if rms:
-        return RMSNormBackward(hidden, DTYPE_NAMES[dtype], has_weight, flag)
-    return LayerNormBackward(hidden, DTYPE_NAMES[dtype], has_weight, flag)
+        return RMSNormBackward(hidden, DTYPE_NAMES[dtype], has_weight, flag, residual)
+    return LayerNormBackward(hidden, DTYPE_NAMES[dtype], has_weight, flag, residual)
 
 
 def _launch(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rms: bool, has_bias: bool,
-    weight_offset: bool, eps: float,
+    weight_offset: bool, eps: float, dh: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the dispatched backward kernel on torch's current stream."""
     from autonorm.ops.base import rows_bucket
@@ -89,7 +93,7 @@ def _launch(
     rows = x.numel() // hidden
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = (device, x.dtype, hidden, rms, weight is not None,
-           weight_offset if rms else has_bias, rows_bucket(rows))
+           weight_offset if rms else has_bias, dh is not None, rows_bucket(rows))
     cached = BACKWARD_KERNELS.get(key)
     if cached is None:
         from autonorm.dispatch import get_kernel
@@ -99,6 +103,7 @@ def _launch(
     kernel, problem = cached
     xc, dyc = aligned(x), aligned(dy)
     wc = None if weight is None else aligned(weight)
+    dhc = None if dh is None else aligned(dh)
     dx = torch.empty_like(xc)
     dw = x.new_empty(hidden if weight is not None else 0)
     db = x.new_empty(hidden if problem.has_bias else 0)
@@ -111,5 +116,5 @@ def _launch(
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
         kernel.launch((ptr(xc), ptr(dyc), ptr(wc), ptr(dx), ptr(dw), ptr(db), ptr(partials),
-                       rows, float(eps)), stream)
+                       ptr(dhc), rows, float(eps)), stream)
     return dx, dw, db

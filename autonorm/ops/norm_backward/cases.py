@@ -10,6 +10,7 @@ Pure logic: NumPy only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,12 +27,17 @@ _LARGE = {"float32": 1e4, "float16": 1e3, "bfloat16": 1e4}
 
 @dataclass(frozen=True)
 class Case:
-    """One verification input: float64 x and dy, and the grid to launch on (None: the plan's)."""
+    """One verification input.
+
+    Float64 x and dy, the grid to launch on (None: the plan's) and, after a residual add, the
+    gradient of the returned h (``dh``).
+    """
 
     name: str
     x: np.ndarray
     dy: np.ndarray
     grid: int | None = None
+    dh: np.ndarray | None = None
 
 
 def make_weight(problem: BackwardProblem, seed: int) -> np.ndarray | None:
@@ -51,7 +57,7 @@ def make_cases(problem: BackwardProblem, seed: int = 0) -> list[Case]:
     dy = rng.standard_normal(shape)
     mean, spread = _OFFSET[problem.dtype]
     constant = np.repeat(rng.uniform(-2.0, 2.0, (VERIFY_ROWS, 1)), problem.hidden, axis=1)
-    return [
+    cases = [
         Case("normal", normal, dy),
         Case("normal-one-block", normal, dy, grid=1),
         Case("normal-three-blocks", normal, dy, grid=3),
@@ -60,3 +66,8 @@ def make_cases(problem: BackwardProblem, seed: int = 0) -> list[Case]:
         Case("large", _LARGE[problem.dtype] * rng.standard_normal(shape), dy),
         Case("tiny", 1e-3 * rng.standard_normal(shape), dy),
     ]
+    if problem.residual:
+        # A stream of its own, so the other inputs are those of the plain problem.
+        dh = np.random.default_rng(seed + 7).standard_normal(shape)
+        cases = [dataclasses.replace(case, dh=dh) for case in cases]
+    return cases

@@ -102,5 +102,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "acc": config.acc,
         "S": config.stages,
         "C": config.cluster,
+        "RES": problem.residual,
         "STAGE_OFFSET": plan.stage_offset,
     }

@@ -28,9 +28,9 @@ from autonorm.ops.norm_backward.problem import (
 from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.limits import DeviceLimits
 
-# x, dy, weight, dx, dweight, dbias, partials (pointers; 0 where absent), rows, eps, then the
-# barrier's counter.
-KERNEL_ABI = KernelABI("QQQQQQQif", rows_index=7, workspace=True)
+# x, dy, weight, dx, dweight, dbias, partials, dh (pointers; 0 where absent), rows, eps, then
+# the barrier's counter.
+KERNEL_ABI = KernelABI("QQQQQQQQif", rows_index=8, workspace=True)
 
 # Winners lend their configuration to hidden sizes less than this factor from their own.
 NEIGHBOUR_MAX_RATIO = 2.0
@@ -120,10 +120,11 @@ class BackwardFamily:
     def bytes_moved(self, problem: BackwardProblem, rows: int) -> int:
         """Return the fewest bytes a launch moves.
 
-        x and dy are read and dx written once, the weight read and each column sum written once
-        (the partials are the kernel's own traffic, not what the problem must move).
+        x and dy are read and dx written once (and after a residual add the returned h's
+        gradient read once), the weight read and each column sum written once (the partials
+        are the kernel's own traffic, not what the problem must move).
         """
-        vectors = 3 * rows + int(problem.has_weight) + problem.sums
+        vectors = (4 if problem.residual else 3) * rows + int(problem.has_weight) + problem.sums
         return vectors * problem.hidden * problem.itemsize
 
     def min_compute_capability(self, kernel: Any, device: DeviceLimits) -> int:

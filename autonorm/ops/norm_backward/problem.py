@@ -15,14 +15,29 @@ class BackwardProblem(RowProblem):
     """What both backward problems share: the forward they differentiate and their sums.
 
     Each row's ``dx`` needs only that row (x, dy and the weight); ``dweight`` and ``dbias`` are
-    sums over every row, one fp32 column sum each (:attr:`sums`).
+    sums over every row, one fp32 column sum each (:attr:`sums`). With ``residual`` the forward
+    normalized ``h = x + residual`` and also returned h: x is then h, and the kernel adds the
+    gradient of the returned h (``dh``) to dx, which is the gradient of both x and residual.
     """
 
     hidden: int
     dtype: str
     has_weight: bool
+    residual: bool
     norm: ClassVar[str]
     forward_op: ClassVar[str]
+
+    def __repr__(self) -> str:
+        # The fields that identify the problem, so that a plain problem (residual=False) keeps
+        # the repr, and so the kernel names, it had before the field existed.
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.fields().items())})"
+
+    def _residual_field(self) -> dict[str, Any]:
+        """``residual`` as a field of the problem, where it is set."""
+        return {"residual": True} if self.residual else {}
+
+    def _residual_words(self) -> str:
+        return ", plus the gradient of h = x + residual" if self.residual else ""
 
     @property
     def sums(self) -> int:
@@ -68,7 +83,7 @@ class BackwardProblem(RowProblem):
         return rstd * g
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LayerNormBackward(BackwardProblem):
     """The gradients of ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over rows."""
 
@@ -76,6 +91,7 @@ class LayerNormBackward(BackwardProblem):
     dtype: str = "bfloat16"
     has_weight: bool = True
     has_bias: bool = True
+    residual: bool = False
 
     op: ClassVar[str] = "layer_norm_backward"
     forward_op: ClassVar[str] = "layer_norm"
@@ -85,7 +101,8 @@ class LayerNormBackward(BackwardProblem):
     def fields(self) -> dict[str, Any]:
         """Return the fields that identify the problem (the tuning DB's problem column)."""
         return {"hidden": self.hidden, "dtype": self.dtype,
-                "has_weight": self.has_weight, "has_bias": self.has_bias}
+                "has_weight": self.has_weight, "has_bias": self.has_bias,
+                **self._residual_field()}
 
     def gradients(self, x: Any, dy: Any, weight: Any | None, eps: float) -> dict[str, Any]:
         """Return the float64 ``dx``, and ``dweight`` and ``dbias`` where the forward has them."""
@@ -104,10 +121,10 @@ class LayerNormBackward(BackwardProblem):
         affine = [name for name, on in (("weight", self.has_weight), ("bias", self.has_bias))
                   if on]
         return (f"backward of {self.dtype} hidden {self.hidden} "
-                f"({', '.join(affine) or 'no weight or bias'})")
+                f"({', '.join(affine) or 'no weight or bias'}{self._residual_words()})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RMSNormBackward(BackwardProblem):
     """The gradients of ``y = x / sqrt(mean(x^2) + eps) * w`` (``w`` may be ``1 + weight``)."""
 
@@ -115,6 +132,7 @@ class RMSNormBackward(BackwardProblem):
     dtype: str = "bfloat16"
     has_weight: bool = True
     weight_offset: bool = False
+    residual: bool = False
 
     op: ClassVar[str] = "rms_norm_backward"
     forward_op: ClassVar[str] = "rms_norm"
@@ -129,7 +147,8 @@ class RMSNormBackward(BackwardProblem):
     def fields(self) -> dict[str, Any]:
         """Return the fields that identify the problem (the tuning DB's problem column)."""
         return {"hidden": self.hidden, "dtype": self.dtype,
-                "has_weight": self.has_weight, "weight_offset": self.weight_offset}
+                "has_weight": self.has_weight, "weight_offset": self.weight_offset,
+                **self._residual_field()}
 
     def gradients(self, x: Any, dy: Any, weight: Any | None, eps: float) -> dict[str, Any]:
         """Return the float64 ``dx``, and ``dweight`` where the forward has a weight."""
@@ -144,4 +163,5 @@ class RMSNormBackward(BackwardProblem):
             scale = "no weight"
         else:
             scale = "1 + weight" if self.weight_offset else "weight"
-        return f"RMSNorm backward of {self.dtype} hidden {self.hidden} ({scale})"
+        return (f"RMSNorm backward of {self.dtype} hidden {self.hidden} "
+                f"({scale}{self._residual_words()})")

@@ -39,7 +39,7 @@ class Launchable(Protocol):
     plan: Any
 
     def launch_arrays(self, *args: Any, grid: int | None = None) -> None:
-        """Run on (x, dy, weight, dx, dweight, dbias, partials, rows, eps)."""
+        """Run on (x, dy, weight, dx, dweight, dbias, partials, dh, rows, eps)."""
         ...
 
     def grid(self, rows: int) -> int:
@@ -72,15 +72,22 @@ def verify(
     for case in make_cases(problem, seed) if cases is None else cases:
         x = from_float64(xp.asarray(case.x), dtype)
         dy = from_float64(xp.asarray(case.dy), dtype)
-        got = _launch(kernel, problem, x, dy, w, eps, case.grid, xp, result, case.name)
+        dh = None if case.dh is None else from_float64(xp.asarray(case.dh), dtype)
+        got = _launch(kernel, problem, (x, dy, dh, w, eps), case.grid, xp, result, case.name)
         x64, dy64 = to_float64(x, dtype), to_float64(dy, dtype)
         ref = problem.gradients(x64, dy64, w_ref, eps)
         terms = problem.dx_terms(x64, dy64, w_ref, eps)
+        if dh is not None:
+            # The returned h's gradient joins the norm's: dx of x and of residual alike.
+            dh64 = to_float64(dh, dtype)
+            ref["dx"] = ref["dx"] + dh64
+            terms = xp.maximum(xp.abs(terms), xp.abs(dh64))
         for grad, value in ref.items():
             _compare(result, f"{case.name}/{grad}", got[grad], value, dtype, xp,
                      terms if grad == "dx" else None)
         if first is None:
-            again = _launch(kernel, problem, x, dy, w, eps, case.grid, xp, result, case.name)
+            again = _launch(kernel, problem, (x, dy, dh, w, eps), case.grid, xp, result,
+                            case.name)
             for grad in ref:
                 if not bool((again[grad] == got[grad]).all()):
                     result.failures.append(f"{case.name}/{grad}: two runs differ")
@@ -90,10 +97,14 @@ def verify(
 
 
 def _launch(
-    kernel: Launchable, problem: BackwardProblem, x: Any, dy: Any, w: Any, eps: float,
-    grid: int | None, xp: Any, result: GradResult, name: str,
+    kernel: Launchable, problem: BackwardProblem, inputs: tuple, grid: int | None, xp: Any,
+    result: GradResult, name: str,
 ) -> dict[str, Any]:
-    """Launch on one case with poisoned outputs; return the gradients' bits by name."""
+    """Launch on one case with poisoned outputs; return the gradients' bits by name.
+
+    ``inputs`` is the case's ``(x, dy, dh, w, eps)`` (``dh`` None without a residual add).
+    """
+    x, dy, dh, w, eps = inputs
     rows, n = x.shape
     bits = getattr(xp, _BITS[problem.dtype])
     poison = _POISON[problem.dtype]
@@ -105,7 +116,7 @@ def _launch(
         grid *= getattr(kernel.plan, "cluster", 1)
     blocks = grid if grid is not None else kernel.grid(rows)
     partials = xp.full(problem.partial_floats(blocks), float("nan"), dtype=xp.float32)
-    kernel.launch_arrays(x, dy, w, dx, dw, db, partials, rows, eps, grid=grid)
+    kernel.launch_arrays(x, dy, w, dx, dw, db, partials, dh, rows, eps, grid=grid)
     if hasattr(xp, "cuda"):
         xp.cuda.get_current_stream().synchronize()
     if bool((dx[rows] != poison).any()):

@@ -20,10 +20,11 @@ EPS = 1e-5
 class BackwardWorkload:
     """Rotated inputs of one backward problem on one GPU, for timing and verifying kernels.
 
-    Each rotated set is x and dy (row permutations of two random normal matrices) and its own
-    dx; enough sets that their total exceeds 3x the L2. The partial rows are sized for the
-    largest grid any configuration launches (``BLOCKS_PER_SM`` blocks on every SM, at most one
-    a row), so no launch allocates, graph-captured ones included.
+    Each rotated set is x and dy (row permutations of two random normal matrices; after a
+    residual add also the returned h's gradient) and its own dx; enough sets that their total
+    exceeds 3x the L2. The partial rows are sized for the largest grid any configuration
+    launches (``BLOCKS_PER_SM`` blocks on every SM, at most one a row), so no launch allocates,
+    graph-captured ones included.
 
     Args:
         problem: what the kernels differentiate.
@@ -58,6 +59,9 @@ class BackwardWorkload:
             self._xs = [x0] + [cupy.roll(x0, k + 1, axis=0) for k in range(self.n_sets - 1)]
             self._dys = [cupy.roll(dy0, k, axis=0) for k in range(self.n_sets)]
             self._dxs = [cupy.empty_like(x0) for _ in range(self.n_sets)]
+            # The returned h's gradient after a residual add: read once, like dy.
+            self._dhs = ([cupy.roll(dy0, -k - 1, axis=0) for k in range(self.n_sets)]
+                         if problem.residual else [None] * self.n_sets)
             w64 = make_weight(problem, seed + 1)
             self._w = None if w64 is None else cupy.asarray(from_float64(w64, problem.dtype))
             self._dw = cupy.empty_like(x0[0]) if problem.has_weight else None
@@ -70,8 +74,8 @@ class BackwardWorkload:
 
         self._args = [
             (x.data.ptr, dy.data.ptr, ptr(self._w), dx.data.ptr, ptr(self._dw), ptr(self._db),
-             self._partials.data.ptr, rows, EPS)
-            for x, dy, dx in zip(self._xs, self._dys, self._dxs, strict=True)
+             self._partials.data.ptr, ptr(dh), rows, EPS)
+            for x, dy, dx, dh in zip(self._xs, self._dys, self._dxs, self._dhs, strict=True)
         ]
         self._work_ptr = self._work.data.ptr
 
