@@ -231,8 +231,7 @@ def test_default_prefetches_without_bulk_copy(op: str, dtype: str, label: str) -
 
 @pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
     # The fastest of a grid of 36 bulk kernels (threads x blocks x stages x sums) at each
-    # (H200, docs/backward.md).
-    ("layer_norm_backward", "bfloat16", 2048, "t128v8-bulk-accregisters-p4-s2"),
+    # (H200, docs/backward.md); LayerNorm's held forms are below.
     ("layer_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2"),
     ("rms_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2"),
 ])
@@ -353,3 +352,51 @@ def test_partials_hold_one_row_of_sums_a_block() -> None:
     assert RMSNormBackward(100).partial_floats(3) == 3 * 100
     # No sums: a one-element buffer, so a launch always has a valid pointer.
     assert LayerNormBackward(100, has_weight=False, has_bias=False).partial_floats(3) == 1
+
+
+def test_hold_rules_label_and_plan() -> None:
+    problem = LayerNormBackward(4096, "bfloat16")
+    held = BackwardConfig(256, 8, "bulk", "registers", 1, stages=2, hold=True)
+    assert check(held, problem, H200) == []
+    assert held.label() == "t256v8-bulk-accregisters-p1-s2-h"
+    assert BackwardConfig.from_label(held.label()) == held
+    clustered = dataclasses.replace(held, cluster=2)
+    assert BackwardConfig.from_label(clustered.label()) == clustered
+    # Two fp32 values an element (x and g) on top of the same kernel without.
+    plain = dataclasses.replace(held, hold=False)
+    assert derive_plan(held, problem).regs - derive_plan(plain, problem).regs == 2 * 16
+    assert any("cache='bulk'" in r for r in check(
+        BackwardConfig(256, 8, "registers", "registers", 1, hold=True), problem, H200))
+    # 64 elements a thread (one warp of 16384) are past what registers hold.
+    wide = BackwardConfig(32, 8, "bulk", "smem", 1, stages=1, hold=True)
+    assert any("held in registers" in r
+               for r in check(wide, LayerNormBackward(16384, "bfloat16"), H200))
+
+
+def test_hold_keeps_the_names_of_kernels_without_it() -> None:
+    from autonorm.ops.norm_backward.codegen import kernel_name
+
+    problem = LayerNormBackward(4096, "bfloat16")
+    plain = BackwardConfig(256, 8, "bulk", "registers", 2, stages=2)
+    # The name this kernel had before `hold` existed: stored winners keep their digests.
+    assert kernel_name(plain, problem) == "autonorm_ln_bwd_cef12b0928456aa7"
+    assert kernel_name(dataclasses.replace(plain, hold=True), problem) != kernel_name(
+        plain, problem)
+
+
+@pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
+    # LayerNorm holds its row (H200, docs/backward.md): the held twin of the bulk default at
+    # bf16 1024 (x1.19) and fp32 4096 (x1.00); where the twin's registers do not fit, half the
+    # blocks with twice the stages, held (bf16 2048 x1.08, 4096 x1.03).
+    ("layer_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4-h"),
+    ("layer_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2-h"),
+    ("layer_norm_backward", "bfloat16", 2048, "t128v8-bulk-accregisters-p2-s4-h"),
+    ("layer_norm_backward", "bfloat16", 4096, "t256v8-bulk-accregisters-p1-s4-h"),
+    # Neither fits: the default keeps reading the stage.
+    ("layer_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2"),
+    # RMSNorm gained nothing from holding its row.
+    ("rms_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4"),
+])
+def test_layer_norm_default_holds_its_row_where_it_fits(op, dtype, hidden, label) -> None:  # noqa: ANN001
+    family = registry.get(op)
+    assert family.default(family.problem(hidden=hidden, dtype=dtype), H200).label() == label

@@ -1,12 +1,12 @@
 """GPU: the backward kernels verify against float64 gradients, repeat bit for bit, and break.
 
 A fixed-seed cover of the template's branches (row in registers, read again or staged by bulk
-copy, whole or split over a cluster; column sums in registers, shared memory or L2; several
-grids) is verified for LayerNorm and RMSNorm in every
-dtype, fp32 dx and dweight within 1e-5 of float64 on rows of mean 1000 and spread 0.1. Broken
-kernels (dx without its mean term, the shift dropped, dweight summed over half the partial rows,
-a stage refilled with the wrong row) must fail the verifier, and the public functions give
-torch's gradients.
+copy, whole or split over a cluster, read from the stage in every pass or held in registers;
+column sums in registers, shared memory or L2; several grids) is verified for LayerNorm and
+RMSNorm in every dtype, fp32 dx and dweight within 1e-5 of float64 on rows of mean 1000 and
+spread 0.1. Broken kernels (dx without its mean term, the shift dropped, dweight summed over
+half the partial rows, a stage refilled with the wrong row) must fail the verifier, and the
+public functions give torch's gradients.
 """
 
 from __future__ import annotations
@@ -50,13 +50,16 @@ def _compile(kernel):  # noqa: ANN001, ANN202
 
 
 def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
-    """The default, and one pick of the space, of its whole-row bulk kernels and its clusters."""
+    """The default, and one pick of the space, of its whole-row bulk kernels, its clusters and
+    its bulk kernels holding the row in registers."""
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
     picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))
+    held = [c for c in space if c.hold]
+    picks += rng.sample(held, min(PICKS, len(held)))
     return list(dict.fromkeys(picks))
 
 
@@ -128,7 +131,8 @@ BREAKS = {
 # A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
 BULK_BREAKS = {"stale-stage": ("row + S * num_clusters,", "row + (S - 1) * num_clusters,")}
 
-# A kernel holding its row in registers, and a bulk-copy one of two stages.
+# A kernel holding its row in registers, a bulk-copy one of two stages (whole rows, split over
+# a cluster, and holding its share of the row in fp32 registers).
 BROKEN_CONFIGS = {
     "registers": {"threads": 256, "vec": 4, "cache": "registers", "acc": "registers",
                   "blocks_per_sm": 1, "prefetch": True},
@@ -136,11 +140,13 @@ BROKEN_CONFIGS = {
              "stages": 2},
     "cluster": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
                 "blocks_per_sm": 1, "stages": 2, "cluster": 2},
+    "held": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers", "blocks_per_sm": 1,
+             "stages": 2, "hold": True},
 }
 
 
 @pytest.mark.parametrize(("form", "name"), [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
-                         + [(f, n) for f in ("bulk", "cluster") for n in BULK_BREAKS])
+                         + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS])
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")

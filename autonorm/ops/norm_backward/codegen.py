@@ -41,7 +41,10 @@ def code_version() -> str:
 
 def kernel_name(config: BackwardConfig, problem: BackwardProblem) -> str:
     """Return the unique, deterministic C name of a kernel."""
-    text = repr((sorted(config.to_dict().items()), problem))
+    # A field that kernels were once named without stays out of the text at its default, so
+    # those kernels keep their names (and stored winners their digests).
+    fields = {k: v for k, v in config.to_dict().items() if k != "hold" or v}
+    text = repr((sorted(fields.items()), problem))
     prefix = "autonorm_ln_bwd_" if problem.norm == "layer" else "autonorm_rms_bwd_"
     return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -102,6 +105,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "acc": config.acc,
         "S": config.stages,
         "C": config.cluster,
+        "HOLD": config.hold,
         "RES": problem.residual,
         "STAGE_OFFSET": plan.stage_offset,
     }

@@ -33,7 +33,8 @@ STAGES = (0, 1, 2, 3, 4)
 # memory.
 CLUSTERS = (1, 2, 4, 8)
 
-_LABEL = re.compile(r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?")
+_LABEL = re.compile(
+    r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?(-h)?")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class BackwardConfig:
             requested from the bulk-copy engine as soon as its stage is free; 0 otherwise.
         cluster: with ``cache="bulk"``, the blocks of a cluster that split each row's columns
             (1: a block takes whole rows).
+        hold: with ``cache="bulk"``, each thread reads its share of a row from the stage once,
+            into fp32 registers (x, dy and dy * w) that every pass reads, and the stage takes
+            its next row as soon as the first reduction has met; without it each pass reads
+            and converts the stage again, and the stage is refilled after the row.
     """
 
     threads: int = 256
@@ -63,6 +68,7 @@ class BackwardConfig:
     prefetch: bool = False
     stages: int = 0
     cluster: int = 1
+    hold: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Return the fields as plain JSON values."""
@@ -77,12 +83,14 @@ class BackwardConfig:
     def label(self) -> str:
         """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2``.
 
-        ``-f`` marks prefetch, ``-s3`` three bulk-copy stages and ``-c4`` a cluster of four.
+        ``-f`` marks prefetch, ``-s3`` three bulk-copy stages, ``-c4`` a cluster of four and
+        ``-h`` a row held in fp32 registers.
         """
         return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
                 f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}"
                 f"{f'-s{self.stages}' if self.stages else ''}"
-                f"{f'-c{self.cluster}' if self.cluster > 1 else ''}")
+                f"{f'-c{self.cluster}' if self.cluster > 1 else ''}"
+                f"{'-h' if self.hold else ''}")
 
     @classmethod
     def from_label(cls, label: str) -> BackwardConfig:
@@ -94,6 +102,6 @@ class BackwardConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a backward kernel label: {label!r}")
-        threads, vec, cache, acc, blocks, prefetch, stages, cluster = match.groups()
+        threads, vec, cache, acc, blocks, prefetch, stages, cluster, hold = match.groups()
         return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None,
-                   int(stages or 0), int(cluster or 1))
+                   int(stages or 0), int(cluster or 1), hold is not None)

@@ -106,6 +106,11 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         regs += int(2 * rows_held * words)
     if config.cache != "none" and problem.has_weight:
         regs += int(words)  # the weight, loaded once per block
+    if config.hold:
+        # x and g = dy * w in fp32 (and dy where the sums need it apart from g), less what the
+        # passes no longer convert: ptxas added 1.1-2.1 registers an element over the same
+        # kernel without (nvcc 13.0, sm_90, 4-32 elements a thread).
+        regs += 2 * elems
     if config.acc == "registers":
         regs += problem.sums * elems
     sums = problem.sums * seg * 4 if config.acc == "smem" else 0
@@ -148,6 +153,8 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
     reasons += _bulk_reasons(config, problem, device)
     if config.cache == "registers" and elems > MAX_CACHED:
         reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} cached in registers")
+    if config.hold and elems > MAX_CACHED:
+        reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} held in registers")
     if config.prefetch and config.cache != "registers":
         reasons.append("prefetch holds the next row in registers: it needs cache=registers")
     if config.cache == "none" and config.acc == "registers" and problem.sums:
@@ -181,6 +188,8 @@ def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> l
         reasons = [] if config.stages == 0 else ["stages apply to cache='bulk' only; use 0"]
         if config.cluster > 1:
             reasons.append("clusters split rows of bulk-copy kernels only (cache='bulk')")
+        if config.hold:
+            reasons.append("hold reads a row from its bulk-copy stage (cache='bulk')")
         return reasons
     reasons = []
     if config.stages == 0:
