@@ -12,6 +12,27 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+def _leaves(torch, dtype: str, *, residual: bool, bias: bool) -> tuple:  # noqa: ANN001
+    """Random CUDA inputs (2048 x 4096): dy, then x (residual) w (b) as autonorm's leaves and
+    as float64 leaves."""
+    tdtype = getattr(torch, dtype)
+    x = torch.randn(2048, 4096, device="cuda", dtype=tdtype)
+    w = (1 + 0.1 * torch.randn(4096, device="cuda")).to(tdtype)
+    b = (0.1 * torch.randn(4096, device="cuda")).to(tdtype)
+    params = [x, *([torch.randn_like(x)] if residual else []), w, *([b] if bias else [])]
+    ours = [t.clone().requires_grad_() for t in params]
+    ref = [t.double().requires_grad_() for t in params]
+    return torch.randn_like(x), ours, ref
+
+
+def _assert_grads_match(ours: list, ref: list, dtype: str, what: tuple) -> None:
+    """Each leaf's gradient within dtype tolerance of the float64 one (max error over max)."""
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for i, (mine, theirs) in enumerate(zip(ours, ref, strict=True)):
+        err = (mine.grad.double() - theirs.grad).abs().max() / theirs.grad.abs().max()
+        assert err < tol, (*what, i, float(err))
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_torch_autograd_runs_the_backward_kernel(op: str, dtype: str) -> None:
@@ -20,15 +41,8 @@ def test_torch_autograd_runs_the_backward_kernel(op: str, dtype: str) -> None:
     from autonorm.torch.forward import BACKWARD_KERNELS
 
     BACKWARD_KERNELS.clear()
-    tdtype = getattr(torch, dtype)
-    rows, hidden = 2048, 4096
-    x = torch.randn(rows, hidden, device="cuda", dtype=tdtype)
-    dy = torch.randn_like(x)
-    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
-    b = (0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
-    params = [x, w, b] if op == "layer_norm" else [x, w]
-    ours = [t.clone().requires_grad_() for t in params]
-    ref = [t.double().requires_grad_() for t in params]
+    hidden = 4096
+    dy, ours, ref = _leaves(torch, dtype, residual=False, bias=op == "layer_norm")
     if op == "layer_norm":
         at.layer_norm(*ours).backward(dy)
         torch.nn.functional.layer_norm(ref[0], (hidden,), ref[1], ref[2], 1e-5).backward(
@@ -37,10 +51,7 @@ def test_torch_autograd_runs_the_backward_kernel(op: str, dtype: str) -> None:
         at.rms_norm(*ours).backward(dy)
         torch.nn.functional.rms_norm(ref[0], (hidden,), ref[1], 1e-6).backward(dy.double())
     assert BACKWARD_KERNELS, "the backward did not launch an autonorm kernel"
-    tol = 1e-5 if dtype == "float32" else 2e-2
-    for i, (mine, theirs) in enumerate(zip(ours, ref, strict=True)):
-        err = (mine.grad.double() - theirs.grad).abs().max() / theirs.grad.abs().max()
-        assert err < tol, (op, dtype, i, float(err))
+    _assert_grads_match(ours, ref, dtype, (op, dtype))
 
 
 def test_compiled_training_step_has_no_graph_break() -> None:
@@ -98,16 +109,9 @@ def test_fused_add_autograd_runs_the_backward_kernel(op: str, dtype: str) -> Non
     from autonorm.torch.forward import BACKWARD_KERNELS
 
     BACKWARD_KERNELS.clear()
-    tdtype = getattr(torch, dtype)
-    rows, hidden = 2048, 4096
-    x = torch.randn(rows, hidden, device="cuda", dtype=tdtype)
-    res = torch.randn_like(x)
-    dy, dh = torch.randn_like(x), torch.randn_like(x)
-    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
-    b = (0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
-    params = [x, res, w, b] if op == "add_layer_norm" else [x, res, w]
-    ours = [t.clone().requires_grad_() for t in params]
-    ref = [t.double().requires_grad_() for t in params]
+    tdtype, hidden = getattr(torch, dtype), 4096
+    dy, ours, ref = _leaves(torch, dtype, residual=True, bias=op == "add_layer_norm")
+    dh = torch.randn_like(dy)
     y, h = getattr(at, op)(*ours, 1e-5 if op == "add_layer_norm" else 1e-6)
     torch.autograd.backward([y, h], [dy, dh])
     # The reference normalizes the sum as rounded to the dtype, as the kernel does.
@@ -120,7 +124,4 @@ def test_fused_add_autograd_runs_the_backward_kernel(op: str, dtype: str) -> Non
         y64 = torch.nn.functional.rms_norm(h64, (hidden,), ref[2], 1e-6)
     torch.autograd.backward([y64, h64], [dy.double(), dh.double()])
     assert any(key[6] for key in BACKWARD_KERNELS), "no residual backward kernel launched"
-    tol = 1e-5 if dtype == "float32" else 2e-2
-    for i, (mine, theirs) in enumerate(zip(ours, ref, strict=True)):
-        err = (mine.grad.double() - theirs.grad).abs().max() / theirs.grad.abs().max()
-        assert err < tol, (op, dtype, i, float(err))
+    _assert_grads_match(ours, ref, dtype, (op, dtype))
