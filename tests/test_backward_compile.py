@@ -17,8 +17,10 @@ from test_compile_offline import nvcc_diagnostics, requires_nvcc
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.plan import derive_plan
 from autonorm.runtime.limits import H200
+from autonorm.runtime.offline import compile_offline
 
 HIDDEN = (1, 100, 1000, 4096, 65536)
+DEFAULT_HIDDEN = (1, 768, 1000, 2048, 4096, 8192, 12288, 16384, 32768, 65536)
 DTYPES = ("bfloat16", "float16", "float32")
 FORMS = {
     "layer_norm_backward": ({}, {"has_bias": False}, {"has_weight": False, "has_bias": False},
@@ -30,7 +32,7 @@ FORMS = {
 
 def _branch(config, plan) -> tuple:  # noqa: ANN001
     """What decides the locals a backward kernel declares."""
-    return (config.cache, config.acc, config.prefetch, config.cluster > 1,
+    return (config.cache, config.acc, config.prefetch, config.cluster > 1, config.hold,
             config.threads > 32, plan.even)
 
 
@@ -66,9 +68,35 @@ def test_backward_kernels_compile_without_warnings() -> None:
     assert {k.config.cache for k in kernels} == {"registers", "none", "bulk"}
     assert any(k.config.cluster > 1 for k in kernels)
     assert any(k.config.prefetch for k in kernels)
+    assert any(k.config.hold for k in kernels)
     status, found = nvcc_diagnostics(kernels)
     assert status == 0, "nvcc rejected the sample"
     by_name = {k.name: k for k in kernels}
     assert not found, "\n".join(
         f"{by_name[name].problem.describe()} {by_name[name].config.label()}: {line}"
         for name, lines in sorted(found.items()) for line in lines[:3])
+
+
+@requires_nvcc
+@pytest.mark.slow
+def test_backward_defaults_fit_their_plans() -> None:
+    # Every default (both norms, plain and after a fused add, three dtypes, 1 to 65536
+    # elements): no spills, and no more static shared memory than the plan counts in its
+    # shared-memory rules.
+    kernels = {}
+    for op in FORMS:
+        family = registry.get(op)
+        for dtype in DTYPES:
+            for hidden in DEFAULT_HIDDEN:
+                for form in ({}, {"residual": True}):
+                    problem = family.problem(hidden=hidden, dtype=dtype, **form)
+                    kernel = family.render(family.default(problem, H200), problem, H200)
+                    kernels.setdefault(kernel.name, kernel)
+    reports = compile_offline(list(kernels.values()), "sm_90")
+    assert any(k.config.cluster > 1 for k in kernels.values())
+    assert any(k.config.hold for k in kernels.values())
+    for name, kernel in kernels.items():
+        report, plan = reports[name], derive_plan(kernel.config, kernel.problem)
+        what = f"{kernel.problem.describe()} {kernel.config.label()}"
+        assert not report.spill_stores and not report.spill_loads, what
+        assert report.static_smem <= plan.static_smem, (what, report.static_smem)
