@@ -128,7 +128,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     """Return the untuned default.
 
     On Hopper and newer: the best bulk-copy kernel that takes whole rows (by
-    :func:`_bulk_score`) where one fits with its sums out of L2; else the space's best by
+    :func:`_bulk_score`) where one fits with its sums out of L2, for LayerNorm in its held form
+    where that fits (:func:`_held_twin`); else the space's best by
     :func:`_score` (prefetching where its registers allow), unless that keeps its sums in L2 and
     a cluster's bulk kernel can keep them in registers or shared memory.
 
@@ -140,10 +141,11 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
     # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
+    # A held row enters only through _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
-              if c.cache == "bulk" and c.acc != "global"}
+              if c.cache == "bulk" and c.acc != "global" and not c.hold}
     bulk = [c for c, score in scores.items() if not score[0]]
-    whole = [c for c in bulk if c.cluster == 1 and not c.hold]
+    whole = [c for c in bulk if c.cluster == 1]
     if whole:
         return _held_twin(min(whole, key=scores.__getitem__), problem, device)
     rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
