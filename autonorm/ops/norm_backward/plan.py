@@ -48,10 +48,17 @@ BASE_REGS = 64
 RED_BYTES = 2 * 32 * 3 * 4
 TILE_BYTES_PER_WARP = 128 * 4
 
-# A cluster kernel's static shared memory beyond the others': its exchange slots (two buffers
-# of four floats) and the 96 bytes more that ptxas reports for every cluster kernel (nvcc 13.0,
-# sm_90: 1,920 bytes against 1,792 without a cluster at 64 threads).
-CLUSTER_SLOT_BYTES = 2 * 4 * 4 + 96
+# A cluster kernel's static shared memory beyond the others': its exchange (two buffers of two
+# floats from each block of the cluster, and an mbarrier a buffer), which ptxas places in whole
+# 128-byte units (nvcc 13.0, sm_90: 128, 128 and 256 bytes more than without a cluster for
+# clusters of 2, 4 and 8).
+CLUSTER_SMEM_UNIT = 128
+
+
+def cluster_exchange_bytes(cluster: int) -> int:
+    """Static shared memory a cluster of ``cluster`` blocks adds to each block's kernel."""
+    used = 2 * cluster * 2 * 4 + 2 * 8
+    return -(-used // CLUSTER_SMEM_UNIT) * CLUSTER_SMEM_UNIT
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         smem += 2 * config.stages * seg * problem.itemsize + 8 * config.stages
     static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
     if config.cluster > 1:
-        static += CLUSTER_SLOT_BYTES
+        static += cluster_exchange_bytes(config.cluster)
     return Plan(config, problem, seg, nvec, iters, nvec % config.threads == 0, smem, sums,
                 static, regs)
 
