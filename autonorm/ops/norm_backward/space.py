@@ -39,6 +39,14 @@ DEFAULT_REG_HEADROOM = 1.25
 TARGET_STAGED_BYTES = 64 * 1024
 TARGET_BULK_THREADS = 512
 
+# Rows past SPLIT_ABOVE elements split over a cluster of blocks, each taking at most
+# TARGET_SHARE elements of the row. With the cluster's one-way exchange, every bulk kernel timed
+# at hidden 12288-32768 ran fastest with shares of 2048-4096 elements a block, and whole rows
+# kept the lead at 8192 (77.0% of copy against 70.8% for a cluster of two, LayerNorm bf16; H200,
+# docs/backward.md).
+SPLIT_ABOVE = 8192
+TARGET_SHARE = 4096
+
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
 PREFETCH_REG_HEADROOM = 1.1
@@ -106,32 +114,64 @@ def _bulk_score(config: Config, problem: BackwardProblem, device: object) -> tup
 
 
 def _held_twin(config: Config, problem: BackwardProblem, device: object) -> Config:
-    """LayerNorm's bulk default with its row held in fp32 registers, where that fits.
+    """16-bit LayerNorm's bulk default with its row held in fp32 registers, where that fits.
 
-    Its three passes then read and convert the stage once. Where the held form of ``config``
-    needs more registers than its occupancy leaves, the held kernel with half the blocks and
-    twice the stages (the same bytes in flight) is taken. Measured (H200, docs/backward.md):
-    bf16 1024 x1.19 (held twin), 2048 x1.08 and 4096 x1.03 (half the blocks, held) over the
-    kernel without; fp32 1024-4096 x1.00. RMSNorm's two passes gained nothing (x0.98-0.99),
-    so its default keeps reading the stage.
+    Its three passes then read and convert the stage once. Half the blocks with twice the
+    stages (the same bytes in flight), held, comes first: each block then has twice the
+    registers and refills a stage while the other rows wait in theirs. Where that is not in the
+    space, the held form of ``config`` itself. Measured (H200, docs/backward.md): bf16 2048
+    80.8% of copy half-blocks held, 67.5% held at the same blocks, 74.8% without; 4096 76.5%,
+    72.5%, 73.8%; the held twin at 1024 x1.19, 3072 x1.22, 8192 x1.20 over the kernel without.
+    fp32 rows need no conversion and gained nothing (1024: 85.0-85.6% against 85.8%; 2048:
+    92.4% half-blocks held, 87.7% held, 94.1% without), nor did RMSNorm's two passes
+    (x0.98-0.99): their whole rows keep reading the stage.
     """
-    if problem.norm != "layer":
+    if problem.norm != "layer" or problem.itemsize == 4:
         return config
     forms = [dataclasses.replace(config, hold=True)]
     if config.blocks_per_sm % 2 == 0 and config.stages * 2 in STAGES:
-        forms.append(dataclasses.replace(config, hold=True, blocks_per_sm=config.blocks_per_sm // 2,
-                                         stages=config.stages * 2))
+        forms.insert(0, dataclasses.replace(
+            config, hold=True, blocks_per_sm=config.blocks_per_sm // 2, stages=config.stages * 2))
     return next((held for held in forms if not check(held, problem, device)), config)
+
+
+def _split_form(
+    problem: BackwardProblem, device: object, space: list[Config]
+) -> Config | None:
+    """The default for rows past :data:`SPLIT_ABOVE` elements, or None where none applies.
+
+    The row splits over the smallest cluster that leaves each block at most
+    :data:`TARGET_SHARE` elements (else the largest cluster), in the form measured fastest at
+    every such shape: 256 threads, two blocks an SM, two stages, the row held, sums in
+    registers where they fit, else in shared memory. Where that form does not fit, the
+    cluster's best bulk kernel by :func:`_bulk_score`, held where that fits.
+    """
+    bulk = [c for c in space if c.cache == "bulk" and c.cluster > 1 and c.acc != "global"
+            and not _bulk_score(c, problem, device)[0]]
+    if problem.hidden <= SPLIT_ABOVE or not bulk:
+        return None
+    clusters = sorted({c.cluster for c in bulk})
+    cluster = next((k for k in clusters if problem.hidden // k <= TARGET_SHARE), clusters[-1])
+    vec = 16 // problem.itemsize
+    for acc in ("registers", "smem"):
+        form = Config(256, vec, "bulk", acc, 2, stages=2, cluster=cluster, hold=True)
+        if not check(form, problem, device):
+            return form
+    pick = min((c for c in bulk if c.cluster == cluster and not c.hold),
+               key=lambda c: _bulk_score(c, problem, device))
+    held = dataclasses.replace(pick, hold=True)
+    return held if not check(held, problem, device) else pick
 
 
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
     """Return the untuned default.
 
-    On Hopper and newer: the best bulk-copy kernel that takes whole rows (by
-    :func:`_bulk_score`) where one fits with its sums out of L2, for LayerNorm in its held form
-    where that fits (:func:`_held_twin`); else the space's best by
-    :func:`_score` (prefetching where its registers allow), unless that keeps its sums in L2 and
-    a cluster's bulk kernel can keep them in registers or shared memory.
+    On Hopper and newer: rows past :data:`SPLIT_ABOVE` elements split over a cluster
+    (:func:`_split_form`); else the best bulk-copy kernel that takes whole rows (by
+    :func:`_bulk_score`) where one fits with its sums out of L2, for 16-bit LayerNorm in its
+    held form where that fits (:func:`_held_twin`); else the space's best by :func:`_score`
+    (prefetching where its registers allow), unless that keeps its sums in L2 and a cluster's
+    bulk kernel can keep them in registers or shared memory.
 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
@@ -142,6 +182,9 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
     # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
     # A held row enters only through _held_twin, where it was measured.
+    split = _split_form(problem, device, space)
+    if split is not None:
+        return split
     scores = {c: _bulk_score(c, problem, device) for c in space
               if c.cache == "bulk" and c.acc != "global" and not c.hold}
     bulk = [c for c, score in scores.items() if not score[0]]
@@ -151,9 +194,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
     base = min(rest or space, key=lambda c: _score(c, problem, device))
     if base.acc == "global" and bulk:
-        # A row split over a cluster meets at two cluster barriers a row, which cost more than
-        # sums in shared memory (fp32 16384: 51.5% against 58.4% of copy) but far less than
-        # sums in L2 (65536: 45.8-58.8% against 22.9-36.6%; H200, docs/backward.md).
+        # A cluster's sums in registers or shared memory beat sums in L2 (65536, before the
+        # one-way exchange: 45.8-58.8% of copy against 22.9-36.6%; H200, docs/backward.md).
         return min(bulk, key=scores.__getitem__)
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
