@@ -220,6 +220,9 @@ def _time_shape(mode: str, tdtype, dtype: str, hidden: int, rows: int, copy: flo
                      lambda t, wt, bt: F.rms_norm(t, (hidden,), wt, 1e-6)),
     }
     kernels = _backward_kernels(x, dy, w, b) if mode == "backward" else {}
+    # Dynamo's entries count per code object across shapes: past its recompile_limit the
+    # compiled norms below would run eagerly. A fresh cache per shape compiles each anew.
+    torch._dynamo.reset()
     lines = []
     for op, (ours_norm, torch_norm) in norms.items():
         nbytes = norm_bytes(mode, op, rows, hidden, x.element_size())

@@ -1,0 +1,152 @@
+"""Time backward kernels on few rows by CUDA-graph replay, against eager torch, compile, Liger.
+
+Run on a GPU machine with torch and triton, from the repository root::
+
+    python benchmarks/backward_latency.py --hidden 4096,16384 --rows 1,8,64,256 --dtypes bf16
+
+At few rows a backward is a launch and a reduction, not a stream of bytes: what counts is its
+time. Each implementation is captured in a CUDA graph and replayed
+(``triton.testing.do_bench_cudagraph``, the median of its replays, L2 not flushed), so launch
+overhead on the host is left out for all alike. autonorm's dispatched backward kernel (through
+``torch.ops.autonorm.norm_backward``) and torch's eager backward given the saved statistics are
+timed alone; torch.compile's backward and Liger-Kernel's as a forward plus backward less the
+forward alone, as ``benchmarks/backward.py`` does, since their backward kernels cannot be
+launched alone. The table gives microseconds and autonorm's speed over the fastest peer
+(its time over autonorm's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+# benchmarks/ is not a package: the sibling script's helpers are imported from its folder.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import backward as bench  # noqa: E402
+
+PEERS = bench.PEERS
+MISSING = bench.MISSING
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (no GPU needed for ``--help``)."""
+    parser = argparse.ArgumentParser(description="Backward kernels on few rows by CUDA-graph "
+                                                 "replay, against torch's eager, torch.compile "
+                                                 "and Liger-Kernel (where installed), in us.")
+    parser.add_argument("--hidden", default="4096,16384", help="comma-separated hidden sizes")
+    parser.add_argument("--rows", default="1,8,64,256", help="comma-separated row counts")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
+    return parser.parse_args(argv)
+
+
+def table_header() -> list[str]:
+    """The table's heading and rule lines, one column per peer."""
+    cols = ["op", "dtype", "hidden", "rows", "autonorm us", *(f"{p} us" for p in PEERS),
+            "speed"]
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
+def fastest_peer(peers: Mapping[str, float | None]) -> float | None:
+    """The shortest time among the peers that were measured; None where none was.
+
+    Args:
+        peers: microseconds by peer name; None (or a non-positive figure, a difference of two
+            timings swamped by noise) marks one not measured.
+    """
+    measured = [t for t in (peers.get(p) for p in PEERS) if t is not None and t > 0]
+    return min(measured, default=None)
+
+
+def format_row(op: str, dtype: str, hidden: int, rows: int, ours: float,
+               peers: Mapping[str, float | None]) -> str:
+    """One table line: autonorm's and each peer's microseconds, and the speed over the fastest.
+
+    Args:
+        op: "layer_norm" or "rms_norm".
+        dtype: the dtype's short name, as on the command line.
+        hidden: the hidden size.
+        rows: rows of x.
+        ours: autonorm's time, us.
+        peers: us by peer name (see ``PEERS``); a missing or None one shows "-" and does not
+            count toward the fastest.
+    """
+    def us(t: float | None) -> str:
+        return MISSING if t is None or t <= 0 else f"{t:.1f}"
+
+    best = fastest_peer(peers)
+    cells = [op, dtype, str(hidden), str(rows), f"{ours:.1f}", *(us(peers.get(p)) for p in PEERS),
+             MISSING if best is None else f"{best / ours:.2f}x"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every shape and print one table; return the exit code."""
+    args = parse_args(argv)
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    import autonorm.torch  # noqa: F401 - registers torch.ops.autonorm
+
+    graph_bench = bench.median_bench(do_bench_cudagraph)
+    liger = bench.liger_functions()
+    print("\n".join(table_header()))
+    for dtype in args.dtypes.split(","):
+        for hidden in map(int, args.hidden.split(",")):
+            compiled = _compiled_norms(hidden)
+            for rows in map(int, args.rows.split(",")):
+                for line in _time_shape(getattr(torch, bench.DTYPES[dtype]), dtype, hidden, rows,
+                                        compiled, graph_bench, liger):
+                    print(line, flush=True)
+    return 0
+
+
+def _compiled_norms(hidden: int) -> dict[str, Callable]:
+    """torch.compile of torch's norms by op, as ``norm(x, w, b) -> y``, one per hidden size.
+
+    Kept across row counts: after the second shape torch.compile makes the rows dynamic, so a
+    hidden size compiles twice (with and without grad), not once per row count. Dynamo's
+    caches are cleared first: its entries count per code object, across hidden sizes and
+    dtypes, and past ``recompile_limit`` it would run these lambdas eagerly.
+    """
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    torch._dynamo.reset()
+
+    return {
+        "layer_norm": torch.compile(lambda t, wt, bt: F.layer_norm(t, (hidden,), wt, bt, 1e-5)),
+        "rms_norm": torch.compile(lambda t, wt, bt: F.rms_norm(t, (hidden,), wt, 1e-6)),
+    }
+
+
+def _time_shape(tdtype, dtype: str, hidden: int, rows: int,  # noqa: ANN001
+                compiled: Mapping[str, Callable], graph_bench: Callable,
+                liger: tuple[Callable, Callable] | None) -> list[str]:
+    """Time both norms' backwards at one shape by graph replay; return their table lines."""
+    import torch
+
+    x = torch.randn(rows, hidden, device="cuda", dtype=tdtype)
+    dy = torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
+    b = (0.1 * torch.randn(hidden, device="cuda")).to(tdtype)
+    kernels = bench._backward_kernels(x, dy, w, b)
+    liger_norms = bench._liger_norms(liger)
+    lines = []
+    for op, (ours, eager) in kernels.items():
+        ours()  # dispatch and compile outside the capture
+        eager()
+        ms = {"autonorm": graph_bench(ours), "eager": graph_bench(eager),
+              "compile": bench._backward_ms(compiled[op], x, dy, w, b, graph_bench)}
+        if liger_norms[op] is not None:
+            ms["liger"] = bench._liger_ms(op, bench._backward_ms, liger_norms[op], x, dy, w, b,
+                                          graph_bench)
+        ours_us = 1e3 * ms.pop("autonorm")
+        peers = {p: 1e3 * t if t is not None else None for p, t in ms.items()}
+        lines.append(format_row(op, dtype, hidden, rows, ours_us, peers))
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
