@@ -40,10 +40,10 @@ TARGET_STAGED_BYTES = 64 * 1024
 TARGET_BULK_THREADS = 512
 
 # Rows past SPLIT_ABOVE elements split over a cluster of blocks, each taking at most
-# TARGET_SHARE elements of the row. With the cluster's one-way exchange, every bulk kernel timed
-# at hidden 12288-32768 ran fastest with shares of 2048-4096 elements a block, and whole rows
-# kept the lead at 8192 (77.0% of copy against 70.8% for a cluster of two, LayerNorm bf16; H200,
-# docs/backward.md).
+# TARGET_SHARE elements of the row. With the cluster's one-way exchange, that cluster was the
+# fastest or within 2 points of copy of it at every shape timed from 12288 to 32768 (both norms,
+# bf16 and fp32), and whole rows kept the lead at 8192 (77.0% of copy against 70.8% for a
+# cluster of two, LayerNorm bf16; H200, docs/backward.md).
 SPLIT_ABOVE = 8192
 TARGET_SHARE = 4096
 
@@ -141,14 +141,16 @@ def _split_form(
     """The default for rows past :data:`SPLIT_ABOVE` elements, or None where none applies.
 
     The row splits over the smallest cluster that leaves each block at most
-    :data:`TARGET_SHARE` elements (else the largest cluster), in the form measured fastest at
-    every such shape: 256 threads, two blocks an SM, two stages, the row held, sums in
-    registers where they fit, else in shared memory. Where that form does not fit, the
-    cluster's best bulk kernel by :func:`_bulk_score`, held where that fits.
+    :data:`TARGET_SHARE` elements (else the largest cluster), in the form that was the
+    fastest of its cluster at every shape timed: 256 threads, two blocks an SM, two stages, the
+    row held, sums in registers where they fit, else in shared memory. Where that form does not
+    fit, the cluster's best bulk kernel by :func:`_bulk_score`, held where that fits.
     """
+    if problem.hidden <= SPLIT_ABOVE:
+        return None
     bulk = [c for c in space if c.cache == "bulk" and c.cluster > 1 and c.acc != "global"
             and not _bulk_score(c, problem, device)[0]]
-    if problem.hidden <= SPLIT_ABOVE or not bulk:
+    if not bulk:
         return None
     clusters = sorted({c.cluster for c in bulk})
     cluster = next((k for k in clusters if problem.hidden // k <= TARGET_SHARE), clusters[-1])
@@ -179,12 +181,12 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
-    # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
-    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
-    # A held row enters only through _held_twin, where it was measured.
     split = _split_form(problem, device, space)
     if split is not None:
         return split
+    # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
+    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
+    # A held whole row enters only through _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
               if c.cache == "bulk" and c.acc != "global" and not c.hold}
     bulk = [c for c, score in scores.items() if not score[0]]
