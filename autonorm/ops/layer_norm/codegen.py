@@ -38,6 +38,7 @@ KERNEL_TEMPLATES = (
     "reduce.cuh.j2",
     "convert.cuh.j2",
     "skew.cuh.j2",
+    "mbarrier.cuh.j2",
     "layer_norm_bulk.cu.j2",
 )
 

@@ -20,7 +20,7 @@ from autonorm.runtime.limits import H200, DeviceLimits
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "norm_bwd.cu.j2"
-KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2")
+KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2", "mbarrier.cuh.j2")
 
 
 @functools.lru_cache(maxsize=1)
