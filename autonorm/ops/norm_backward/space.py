@@ -136,20 +136,25 @@ def _held_twin(config: Config, problem: BackwardProblem, device: object) -> Conf
 
 
 def _split_form(
-    problem: BackwardProblem, device: object, space: list[Config]
+    problem: BackwardProblem, device: object, scores: dict[Config, tuple]
 ) -> Config | None:
     """The default for rows past :data:`SPLIT_ABOVE` elements, or None where none applies.
 
     The row splits over the smallest cluster that leaves each block at most
-    :data:`TARGET_SHARE` elements (else the largest cluster), in the form that was the
-    fastest of its cluster at every shape timed: 256 threads, two blocks an SM, two stages, the
-    row held, sums in registers where they fit, else in shared memory. Where that form does not
-    fit, the cluster's best bulk kernel by :func:`_bulk_score`, held where that fits.
+    :data:`TARGET_SHARE` elements (else the largest cluster), in the form that was the fastest
+    of its cluster, or within a point of it, at every shape timed: 256 threads, two blocks an
+    SM, two stages, the row held, sums in registers where they fit, else in shared memory.
+    Where that form does not fit, the cluster's best bulk kernel, held where that fits.
+
+    Args:
+        problem: the problem.
+        device: its device's limits.
+        scores: the :func:`_bulk_score` of every bulk kernel without a held row whose sums
+            stay out of L2.
     """
     if problem.hidden <= SPLIT_ABOVE:
         return None
-    bulk = [c for c in space if c.cache == "bulk" and c.cluster > 1 and c.acc != "global"
-            and not _bulk_score(c, problem, device)[0]]
+    bulk = [c for c, score in scores.items() if c.cluster > 1 and not score[0]]
     if not bulk:
         return None
     clusters = sorted({c.cluster for c in bulk})
@@ -159,8 +164,7 @@ def _split_form(
         form = Config(256, vec, "bulk", acc, 2, stages=2, cluster=cluster, hold=True)
         if not check(form, problem, device):
             return form
-    pick = min((c for c in bulk if c.cluster == cluster and not c.hold),
-               key=lambda c: _bulk_score(c, problem, device))
+    pick = min((c for c in bulk if c.cluster == cluster), key=scores.__getitem__)
     held = dataclasses.replace(pick, hold=True)
     return held if not check(held, problem, device) else pick
 
@@ -181,14 +185,14 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
-    split = _split_form(problem, device, space)
-    if split is not None:
-        return split
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
-    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates.
-    # A held whole row enters only through _held_twin, where it was measured.
+    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates. A
+    # held row enters only through _split_form and _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
               if c.cache == "bulk" and c.acc != "global" and not c.hold}
+    split = _split_form(problem, device, scores)
+    if split is not None:
+        return split
     bulk = [c for c, score in scores.items() if not score[0]]
     whole = [c for c in bulk if c.cluster == 1]
     if whole:
