@@ -136,8 +136,8 @@ def _run_cupy(
         grads = {"dx": dx, "dweight": dw, "dbias": db}
         if rows > 0:
             kernel = get_kernel(problem, rows, device_id)
-            partials = cupy.empty(problem.partial_floats(kernel.grid(rows)),
-                                  dtype=cupy.float32)
+            clusters = kernel.grid(rows) // kernel.plan.cluster
+            partials = cupy.empty(problem.partial_floats(rows, clusters), dtype=cupy.float32)
             w = None if weight is None else aligned_contiguous(weight)
             dhc = None if dh is None else aligned_contiguous(dh)
             kernel.launch_arrays(aligned_contiguous(x), aligned_contiguous(dy), w, dx, dw, db,

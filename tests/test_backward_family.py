@@ -13,6 +13,7 @@ import types
 import numpy as np
 import pytest
 
+from autonorm.codegen.kernel import LaunchPlan
 from autonorm.errors import ConfigError
 from autonorm.numerics import from_float64, to_float64
 from autonorm.ops import registry
@@ -106,6 +107,37 @@ def test_no_sums_need_no_barrier() -> None:
     kernel = family.render(family.default(problem, H200), problem, H200)
     assert not kernel.launch.barrier
     assert "counter[0]" not in kernel.source
+
+
+@pytest.mark.parametrize("cluster", [1, 4])
+def test_few_rows_get_a_block_a_column_tile(cluster: int) -> None:
+    # LayerNorm 4096: dweight and dbias are 2 x 32 tiles of 128 columns.
+    plan = LaunchPlan(256, 0, cluster, 1, 2, resident=True, barrier=True, reduce_tiles=64)
+    # One row: one cluster, whose sums are the totals (no barrier, no counter).
+    assert plan.grid(1, 132) == cluster
+    assert not plan.uses_counter(1, plan.grid(1, 132))
+    # A few rows: a block for each tile, most of them with no row, all meeting at the counter.
+    assert plan.grid(3, 132) == 64
+    assert plan.uses_counter(3, 64)
+    # Rows past the tiles: a cluster a row up to the resident grid, as without the tiles.
+    assert plan.grid(100, 132) == 100 * cluster if cluster == 1 else 264
+    assert plan.grid(10**6, 132) == 264
+    # The tiles never raise the grid past what can be resident.
+    many = LaunchPlan(256, 0, cluster, 1, 1, resident=True, barrier=True, reduce_tiles=1024)
+    assert many.grid(2, 132) == 132 // cluster * cluster
+
+
+def test_few_rows_sum_only_the_rows_partials() -> None:
+    family = registry.get("layer_norm_backward")
+    problem = family.problem(hidden=4096, dtype="bfloat16")
+    kernel = family.render(family.default(problem, H200), problem, H200)
+    assert kernel.launch.reduce_tiles == 2 * 32
+    source = kernel.source
+    # One cluster writes its sums as the gradients; more write partial rows only where they
+    # took a row, and the column sums read only those rows.
+    assert "if (num_clusters == 1)" in source
+    assert "if (cluster_id < rows)" in source
+    assert "p < nparts" in source and "nparts = num_clusters < rows ? num_clusters : rows" in source
 
 
 class _Plan:
@@ -358,11 +390,13 @@ def test_prefetch_needs_the_row_in_registers() -> None:
     assert BackwardConfig.from_label("t512v4-none-accsmem-p1-f").prefetch
 
 
-def test_partials_hold_one_row_of_sums_a_block() -> None:
-    assert LayerNormBackward(100).partial_floats(3) == 3 * 2 * 100
-    assert RMSNormBackward(100).partial_floats(3) == 3 * 100
+def test_partials_hold_one_row_of_sums_a_cluster_with_a_row() -> None:
+    assert LayerNormBackward(100).partial_floats(5, 3) == 3 * 2 * 100
+    assert RMSNormBackward(100).partial_floats(5, 3) == 3 * 100
+    # Only clusters that take a row write one.
+    assert RMSNormBackward(100).partial_floats(2, 3) == 2 * 100
     # No sums: a one-element buffer, so a launch always has a valid pointer.
-    assert LayerNormBackward(100, has_weight=False, has_bias=False).partial_floats(3) == 1
+    assert LayerNormBackward(100, has_weight=False, has_bias=False).partial_floats(3, 3) == 1
 
 
 def test_hold_rules_label_and_plan() -> None:

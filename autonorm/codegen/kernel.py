@@ -34,6 +34,7 @@ class LaunchPlan:
     blocks_per_sm: int
     resident: bool = False
     barrier: bool = False
+    reduce_tiles: int = 0
 
     def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
@@ -45,7 +46,10 @@ class LaunchPlan:
         for a free GPC would run its share of the tiles after everyone else (clusters of 4
         fill only 120 of the H200's 132 SMs). A ``barrier`` plan (a kernel whose blocks wait
         for each other) launches at most ``blocks_per_sm`` blocks per SM, and never more than
-        can be resident: a block that is not resident would never arrive.
+        can be resident: a block that is not resident would never arrive. After its barrier
+        such a plan sums ``reduce_tiles`` tiles over the blocks, so with more than one row it
+        launches a block a tile where rows alone would leave tiles to few blocks (one row
+        needs no barrier: its one cluster's sums are the totals).
         """
         tiles = max(1, -(-rows // self.rows_per_block))
         clusters = tiles
@@ -53,6 +57,8 @@ class LaunchPlan:
             cap = resident_clusters or sm_count * max(self.blocks_per_sm, 1) // self.cluster
             if self.barrier:
                 cap = min(cap, sm_count * max(self.blocks_per_sm, 1) // self.cluster)
+                if tiles > 1:
+                    tiles = max(tiles, -(-self.reduce_tiles // self.cluster))
             clusters = min(tiles, max(1, cap))
         elif self.blocks_per_sm:
             clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))
@@ -63,10 +69,10 @@ class LaunchPlan:
 
         Only the bulk-copy kernel (a ``resident`` plan) has one, and it pays only from
         ``DYNAMIC_MIN_TILES`` tiles a cluster; below that the launch passes no counter. A
-        ``barrier`` plan meets at its counter whenever it has more than one block.
+        ``barrier`` plan meets at its counter whenever it has more than one cluster.
         """
         if self.barrier:
-            return grid > 1
+            return grid > self.cluster
         if not self.resident:
             return False
         tiles = -(-rows // self.rows_per_block)

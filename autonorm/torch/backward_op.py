@@ -107,7 +107,8 @@ def _launch(
     dx = torch.empty_like(xc)
     dw = x.new_empty(hidden if weight is not None else 0)
     db = x.new_empty(hidden if problem.has_bias else 0)
-    partials = torch.empty(problem.partial_floats(kernel.grid(rows)), dtype=torch.float32,
+    clusters = kernel.grid(rows) // kernel.plan.cluster
+    partials = torch.empty(problem.partial_floats(rows, clusters), dtype=torch.float32,
                            device=x.device)
 
     def ptr(t: torch.Tensor | None) -> int:

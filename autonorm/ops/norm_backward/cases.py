@@ -3,7 +3,9 @@
 Random rows (on the launch's own grid, on one block or cluster and on three, so every block
 runs the row loop and the column sums meet across blocks), rows far from zero (mean 1000 and
 spread 0.1 in fp32) where a sum of x without a shift loses the spread, constant rows (variance
-zero), and large and tiny magnitudes. Each case has :data:`VERIFY_ROWS` rows, a prime.
+zero), and large and tiny magnitudes, each on :data:`VERIFY_ROWS` rows, a prime. Then one row
+(its cluster's sums are the totals: no partials) and :data:`FEW_ROWS` rows (on the launch's
+grid, which has a block for each tile of the column sums, so most blocks take no row).
 
 Pure logic: NumPy only.
 """
@@ -18,6 +20,7 @@ import numpy as np
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
 VERIFY_ROWS = 37
+FEW_ROWS = 3
 
 # Offset rows per dtype (the forward's verification uses the same).
 _OFFSET = {"float32": (1000.0, 0.1), "float16": (300.0, 1.0), "bfloat16": (64.0, 4.0)}
@@ -65,9 +68,11 @@ def make_cases(problem: BackwardProblem, seed: int = 0) -> list[Case]:
         Case("constant", constant, dy),
         Case("large", _LARGE[problem.dtype] * rng.standard_normal(shape), dy),
         Case("tiny", 1e-3 * rng.standard_normal(shape), dy),
+        Case("one-row", normal[:1], dy[:1]),
+        Case("few-rows", normal[:FEW_ROWS], dy[:FEW_ROWS]),
     ]
     if problem.residual:
         # A stream of its own, so the other inputs are those of the plain problem.
         dh = np.random.default_rng(seed + 7).standard_normal(shape)
-        cases = [dataclasses.replace(case, dh=dh) for case in cases]
+        cases = [dataclasses.replace(case, dh=dh[:len(case.x)]) for case in cases]
     return cases

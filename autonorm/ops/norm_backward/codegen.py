@@ -22,6 +22,9 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "norm_bwd.cu.j2"
 KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2", "mbarrier.cuh.j2")
 
+# Columns of one tile of the final column sums (4 a lane of one warp; the template's 128).
+COLUMN_TILE = 128
+
 
 @functools.lru_cache(maxsize=1)
 def templates_hash() -> str:
@@ -68,6 +71,7 @@ def render(
         blocks_per_sm=config.blocks_per_sm,
         resident=True,
         barrier=problem.sums > 0,
+        reduce_tiles=problem.sums * -(-problem.hidden // COLUMN_TILE),
     )
     return RenderedKernel(name, source, config, problem, launch)
 

@@ -44,12 +44,14 @@ class BackwardProblem(RowProblem):
         """The column sums over the rows the kernel returns: dweight, dbias, or both."""
         return int(self.has_weight) + int(self.has_bias)  # type: ignore[attr-defined]
 
-    def partial_floats(self, blocks: int) -> int:
-        """Return the fp32 elements of the partials buffer of a launch of ``blocks`` blocks.
+    def partial_floats(self, rows: int, clusters: int) -> int:
+        """Return the fp32 elements of the partials buffer of a launch.
 
-        One row of column sums a block (at least one element, so the buffer always exists).
+        One row of column sums for each of the launch's ``clusters`` clusters (blocks without
+        a cluster) that takes one of the ``rows`` rows; at least one element, so the buffer
+        always exists.
         """
-        return max(1, blocks * self.sums * self.hidden)
+        return max(1, min(rows, clusters) * self.sums * self.hidden)
 
     def gradients(self, x: Any, dy: Any, weight: Any | None, eps: float) -> dict[str, Any]:
         """Return the float64 gradients by name (``dx``, ``dweight``, ``dbias``, when they exist).

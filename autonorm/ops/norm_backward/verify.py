@@ -115,7 +115,8 @@ def _launch(
         # A case's grid counts clusters: the blocks of one split each row's columns.
         grid *= getattr(kernel.plan, "cluster", 1)
     blocks = grid if grid is not None else kernel.grid(rows)
-    partials = xp.full(problem.partial_floats(blocks), float("nan"), dtype=xp.float32)
+    clusters = blocks // getattr(kernel.plan, "cluster", 1)
+    partials = xp.full(problem.partial_floats(rows, clusters), float("nan"), dtype=xp.float32)
     kernel.launch_arrays(x, dy, w, dx, dw, db, partials, dh, rows, eps, grid=grid)
     if hasattr(xp, "cuda"):
         xp.cuda.get_current_stream().synchronize()

@@ -66,8 +66,9 @@ class BackwardWorkload:
             self._w = None if w64 is None else cupy.asarray(from_float64(w64, problem.dtype))
             self._dw = cupy.empty_like(x0[0]) if problem.has_weight else None
             self._db = cupy.empty_like(x0[0]) if problem.has_bias else None
-            blocks = min(rows, info.sm_count * max(BLOCKS_PER_SM))
-            self._partials = cupy.empty(problem.partial_floats(blocks), dtype=cupy.float32)
+            clusters = info.sm_count * max(BLOCKS_PER_SM)
+            self._partials = cupy.empty(problem.partial_floats(rows, clusters),
+                                        dtype=cupy.float32)
 
         def ptr(a: Any) -> int:
             return 0 if a is None else a.data.ptr
