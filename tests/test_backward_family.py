@@ -18,7 +18,13 @@ from autonorm.errors import ConfigError
 from autonorm.numerics import from_float64, to_float64
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.config import BackwardConfig
-from autonorm.ops.norm_backward.plan import MAX_CHAIN, check, derive_plan
+from autonorm.ops.norm_backward.plan import (
+    MAX_CHAIN,
+    ROWS_PER_CLUSTER,
+    SPREAD_ROWS,
+    check,
+    derive_plan,
+)
 from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
 from autonorm.ops.norm_backward.verify import verify
 from autonorm.runtime.limits import H200
@@ -136,8 +142,20 @@ def test_few_rows_sum_only_the_rows_partials() -> None:
     # One cluster writes its sums as the gradients; more write partial rows only where they
     # took a row, and the column sums read only those rows.
     assert "if (num_clusters == 1)" in source
-    assert "if (cluster_id < rows)" in source
-    assert "p < nparts" in source and "nparts = num_clusters < rows ? num_clusters : rows" in source
+    assert "if (cluster_id < takers)" in source
+    assert "p < nparts" in source and "nparts = takers;" in source
+    assert kernel.launch.spread_rows == SPREAD_ROWS
+    assert kernel.launch.rows_per_block == ROWS_PER_CLUSTER
+    # The template's rule for the clusters that take rows is the launch plan's.
+    assert f"SPREAD = {SPREAD_ROWS};" in source and f"RPC = {ROWS_PER_CLUSTER};" in source
+
+
+def test_past_spread_rows_a_cluster_takes_several() -> None:
+    plan = LaunchPlan(256, 0, 1, 4, 2, resident=True, barrier=True, reduce_tiles=64,
+                      spread_rows=16)
+    # Up to 16 rows a cluster a row (and a block a tile); past them 4 rows a cluster.
+    assert [plan.grid(r, 132) for r in (1, 2, 16, 64, 256, 512, 2048)] == [
+        1, 64, 64, 64, 64, 128, 264]
 
 
 class _Plan:

@@ -125,11 +125,14 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
 BREAKS = {
     "drop-mean": (" - c2));", "));"),
     "no-shift": ("const float shift = to_f(x", "const float shift = 0.f * to_f(x"),
-    "half-partials": ("p < num_clusters; p += NW", "p < (num_clusters + 1) / 2; p += NW"),
+    "half-partials": ("p < nparts; p += NW", "p < (nparts + 1) / 2; p += NW"),
+    # One cluster's sums are the gradients (the one-row case): half of them is wrong there only.
+    "one-cluster-sums": ("dweight[crank * SEG + j * V + k] = from_f(",
+                         "dweight[crank * SEG + j * V + k] = 0.5f * from_f("),
 }
 
 # A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
-BULK_BREAKS = {"stale-stage": ("row + S * num_clusters,", "row + (S - 1) * num_clusters,")}
+BULK_BREAKS = {"stale-stage": ("row + S * takers,", "row + (S - 1) * takers,")}
 
 # A kernel holding its row in registers, a bulk-copy one of two stages (whole rows, split over
 # a cluster, and holding its share of the row in fp32 registers).

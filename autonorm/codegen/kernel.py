@@ -35,6 +35,7 @@ class LaunchPlan:
     resident: bool = False
     barrier: bool = False
     reduce_tiles: int = 0
+    spread_rows: int = 0
 
     def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
@@ -46,10 +47,12 @@ class LaunchPlan:
         for a free GPC would run its share of the tiles after everyone else (clusters of 4
         fill only 120 of the H200's 132 SMs). A ``barrier`` plan (a kernel whose blocks wait
         for each other) launches at most ``blocks_per_sm`` blocks per SM, and never more than
-        can be resident: a block that is not resident would never arrive. After its barrier
-        such a plan sums ``reduce_tiles`` tiles over the blocks, so with more than one row it
-        launches a block a tile where rows alone would leave tiles to few blocks (one row
-        needs no barrier: its one cluster's sums are the totals).
+        can be resident: a block that is not resident would never arrive. Such a plan gives a
+        cluster ``rows_per_block`` rows at least once there are more than ``spread_rows``
+        (below that, a cluster a row). After its barrier it sums ``reduce_tiles`` tiles over
+        the blocks, so with more than one row it launches a block a tile where rows alone would
+        leave tiles to few blocks (one row needs no barrier: its one cluster's sums are the
+        totals).
         """
         tiles = max(1, -(-rows // self.rows_per_block))
         clusters = tiles
@@ -57,8 +60,9 @@ class LaunchPlan:
             cap = resident_clusters or sm_count * max(self.blocks_per_sm, 1) // self.cluster
             if self.barrier:
                 cap = min(cap, sm_count * max(self.blocks_per_sm, 1) // self.cluster)
-                if tiles > 1:
-                    tiles = max(tiles, -(-self.reduce_tiles // self.cluster))
+                if rows > 1:
+                    tiles = max(tiles, min(rows, self.spread_rows),
+                                -(-self.reduce_tiles // self.cluster))
             clusters = min(tiles, max(1, cap))
         elif self.blocks_per_sm:
             clusters = min(tiles, max(1, sm_count * self.blocks_per_sm // self.cluster))

@@ -14,7 +14,12 @@ from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 from autonorm.codegen.spellings import dtype_names
 from autonorm.ops.norm_backward.config import BackwardConfig
-from autonorm.ops.norm_backward.plan import Plan, require_valid
+from autonorm.ops.norm_backward.plan import (
+    ROWS_PER_CLUSTER,
+    SPREAD_ROWS,
+    Plan,
+    require_valid,
+)
 from autonorm.ops.norm_backward.problem import BackwardProblem
 from autonorm.runtime.limits import H200, DeviceLimits
 
@@ -67,11 +72,12 @@ def render(
         threads=config.threads,
         smem_bytes=plan.smem_bytes,
         cluster=config.cluster,
-        rows_per_block=1,
+        rows_per_block=ROWS_PER_CLUSTER if problem.sums else 1,
         blocks_per_sm=config.blocks_per_sm,
         resident=True,
         barrier=problem.sums > 0,
         reduce_tiles=problem.sums * -(-problem.hidden // COLUMN_TILE),
+        spread_rows=SPREAD_ROWS if problem.sums else 0,
     )
     return RenderedKernel(name, source, config, problem, launch)
 
@@ -112,4 +118,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "HOLD": config.hold,
         "RES": problem.residual,
         "STAGE_OFFSET": plan.stage_offset,
+        "SPREAD": SPREAD_ROWS,
+        "RPC": ROWS_PER_CLUSTER,
     }

@@ -43,6 +43,13 @@ MAX_CHAIN = 512
 # vector (the estimate's constant).
 BASE_REGS = 64
 
+# The clusters that take rows, where there are few: each of up to SPREAD_ROWS rows has a cluster
+# of its own, and past that a cluster takes at least ROWS_PER_CLUSTER rows. A cluster that takes
+# rows writes a row of column sums to the partials, which every block then reads back: at few
+# rows those bytes outweigh the rows' own, and one row a cluster spends them all.
+SPREAD_ROWS = 16
+ROWS_PER_CLUSTER = 4
+
 # Static shared memory: two reduction buffers of 32 warps x 3 floats, and the column tile of
 # the final sums (128 floats a warp).
 RED_BYTES = 2 * 32 * 3 * 4
