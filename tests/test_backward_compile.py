@@ -8,6 +8,7 @@ defaults. No ``-diag-suppress``: a template declares a local only where the vari
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import defaultdict
 
@@ -16,6 +17,7 @@ from test_compile_offline import nvcc_diagnostics, requires_nvcc
 
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.plan import derive_plan
+from autonorm.ops.norm_backward.space import FEW_ROWS
 from autonorm.runtime.limits import H200
 from autonorm.runtime.offline import compile_offline
 
@@ -81,16 +83,16 @@ def test_backward_kernels_compile_without_warnings() -> None:
 @pytest.mark.slow
 def test_backward_defaults_fit_their_plans() -> None:
     # Every default (both norms, plain and after a fused add, three dtypes, 1 to 65536
-    # elements): no spills, and no more static shared memory than the plan counts in its
-    # shared-memory rules.
+    # elements, at any rows and at few): no spills, and no more static shared memory than the
+    # plan counts in its shared-memory rules.
     kernels = {}
     for op in FORMS:
         family = registry.get(op)
         for dtype in DTYPES:
             for hidden in DEFAULT_HIDDEN:
-                for form in ({}, {"residual": True}):
+                for form, rows in itertools.product(({}, {"residual": True}), (None, FEW_ROWS)):
                     problem = family.problem(hidden=hidden, dtype=dtype, **form)
-                    kernel = family.render(family.default(problem, H200), problem, H200)
+                    kernel = family.render(family.default(problem, H200, rows), problem, H200)
                     kernels.setdefault(kernel.name, kernel)
     reports = compile_offline(list(kernels.values()), "sm_90")
     assert any(k.config.cluster > 1 for k in kernels.values())

@@ -26,6 +26,7 @@ from autonorm.ops.norm_backward.plan import (
     derive_plan,
 )
 from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
+from autonorm.ops.norm_backward.space import FEW_ROWS, FEW_THREADS, SPLIT_ABOVE
 from autonorm.ops.norm_backward.verify import verify
 from autonorm.runtime.limits import H200
 
@@ -288,6 +289,39 @@ def test_default_prefetches_without_bulk_copy(op: str, dtype: str, label: str) -
 def test_default_takes_the_bulk_kernel_measured_fastest(op, dtype, hidden, label) -> None:  # noqa: ANN001
     family = registry.get(op)
     assert family.default(family.problem(hidden=hidden, dtype=dtype), H200).label() == label
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 1024, 4096, 4099, 8192, 12288, 65536])
+def test_few_rows_take_small_blocks_over_a_cluster(op: str, dtype: str, hidden: int) -> None:
+    # Up to FEW_ROWS rows of up to SPLIT_ABOVE elements: 128 threads, one to four vectors a
+    # thread, the row over a cluster of up to four; from FEW_ROWS + 1 rows the default of any
+    # row count; every pick valid.
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype)
+    few = family.default(problem, H200, FEW_ROWS)
+    assert check(few, problem, H200) == []
+    assert few in family.space(problem, H200)
+    assert family.default(problem, H200, FEW_ROWS + 1) == family.default(problem, H200)
+    vec = 16 // problem.itemsize
+    if hidden <= SPLIT_ABOVE and hidden % vec == 0 and hidden >= FEW_THREADS * vec:
+        assert (few.threads, few.vec, few.cache, few.stages) == (FEW_THREADS, vec, "bulk", 2)
+        assert few.cluster == max(c for c in (1, 2, 4) if hidden // c >= FEW_THREADS * vec)
+        assert derive_plan(few, problem).iters <= 4
+    elif hidden > SPLIT_ABOVE:
+        assert few == family.default(problem, H200)
+
+
+def test_few_rows_default_is_the_form_measured_fastest() -> None:
+    # LayerNorm bf16 4096 at 1, 8 and 64 rows: 3.1, 5.9 and 9.0 us against the bulk default's
+    # 4.6, 9.2 and 12.1 (H200, CUDA-graph replay, docs/backward.md).
+    family = registry.get("layer_norm_backward")
+    problem = family.problem(hidden=4096, dtype="bfloat16")
+    for rows in (1, 8, 64):
+        assert family.default(problem, H200, rows).label() == "t128v8-bulk-accregisters-p1-s2-c4"
+    assert family.default(problem, H200, 256).label() == "t256v8-bulk-accregisters-p1-s4-h"
+    assert family.default(problem, A100, 8).cache != "bulk"
 
 
 def test_long_rows_keep_sums_out_of_l2_behind_bulk_stages() -> None:

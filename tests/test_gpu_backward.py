@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from autonorm.ops import registry
+from autonorm.ops.norm_backward.space import FEW_ROWS
 from autonorm.ops.norm_backward.verify import verify
 
 pytestmark = pytest.mark.gpu
@@ -50,12 +51,13 @@ def _compile(kernel):  # noqa: ANN001, ANN202
 
 
 def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
-    """The default, and one pick of the space, of its whole-row bulk kernels, its clusters and
-    its bulk kernels holding the row in registers."""
+    """The default (at any rows and at few), and one pick of the space, of its whole-row bulk
+    kernels, its clusters and its bulk kernels holding the row in registers."""
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
-    picks = [family.default(problem, limits)] + rng.sample(space, min(PICKS, len(space)))
+    picks = [family.default(problem, limits), family.default(problem, limits, FEW_ROWS)]
+    picks += rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))
     held = [c for c in space if c.hold]

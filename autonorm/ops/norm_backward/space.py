@@ -47,6 +47,15 @@ TARGET_BULK_THREADS = 512
 SPLIT_ABOVE = 8192
 TARGET_SHARE = 4096
 
+# At up to FEW_ROWS rows a backward is a launch, a few row reductions and the column sums
+# meeting: its time is latency, and a block of FEW_THREADS threads with one to four vectors of
+# a row each, the row split over a cluster of up to FEW_CLUSTER blocks, finished first. At
+# hidden 4096 (H200, rows 1-64, both norms, bf16 and fp32, docs/backward.md) it took 2.2-9.0 us
+# where the bulk default took 3.0-12.1 (x1.2-1.7); at 256 rows it lost at all four (x0.94-0.99).
+FEW_ROWS = 64
+FEW_THREADS = 128
+FEW_CLUSTER = 4
+
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
 PREFETCH_REG_HEADROOM = 1.1
@@ -169,10 +178,32 @@ def _split_form(
     return held if not check(held, problem, device) else pick
 
 
+def _few_rows_form(problem: BackwardProblem, device: object) -> Config | None:
+    """The default at up to :data:`FEW_ROWS` rows of at most :data:`SPLIT_ABOVE` elements.
+
+    A bulk-copy kernel of :data:`FEW_THREADS` threads, 16-byte vectors, two stages, its sums in
+    registers (else shared memory), the row split over the largest cluster of up to
+    :data:`FEW_CLUSTER` blocks that leaves every thread a vector; None where none of these
+    runs (before Hopper, or rows of odd sizes).
+    """
+    if problem.hidden > SPLIT_ABOVE:
+        return None
+    vec = 16 // problem.itemsize
+    clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER
+                and problem.hidden // c >= FEW_THREADS * vec]
+    for cluster in sorted(clusters, reverse=True):
+        for acc in ("registers", "smem"):
+            form = Config(FEW_THREADS, vec, "bulk", acc, 1, stages=2, cluster=cluster)
+            if not check(form, problem, device):
+                return form
+    return None
+
+
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
     """Return the untuned default.
 
-    On Hopper and newer: rows past :data:`SPLIT_ABOVE` elements split over a cluster
+    At up to :data:`FEW_ROWS` rows (where ``rows`` is given), :func:`_few_rows_form` where it
+    runs. On Hopper and newer: rows past :data:`SPLIT_ABOVE` elements split over a cluster
     (:func:`_split_form`); else the best bulk-copy kernel that takes whole rows (by
     :func:`_bulk_score`) where one fits with its sums out of L2, for 16-bit LayerNorm in its
     held form where that fits (:func:`_held_twin`); else the space's best by :func:`_score`
@@ -185,6 +216,10 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
+    if rows is not None and rows <= FEW_ROWS:
+        few = _few_rows_form(problem, device)
+        if few is not None:
+            return few
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
     # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates. A
     # held row enters only through _split_form and _held_twin, where it was measured.
