@@ -489,6 +489,22 @@ def test_compile_offline_reports_nvcc_log_on_broken_source(tmp_path):
 
 
 @requires_nvcc
+def test_compile_offline_splits_a_sweep_over_cores(monkeypatch, tmp_path):
+    # Two nvcc runs side by side: every kernel reported, and a broken one in either fails all.
+    monkeypatch.setattr(offline, "_cores", lambda: 2)
+    problems = [Problem(hidden, "bfloat16") for hidden in (1024, 2048, 4096)]
+    kernels = [render(default_config(p), p) for p in problems]
+    reports = compile_offline(kernels, "sm_90", workdir=tmp_path)
+    assert set(reports) == {k.name for k in kernels}
+    assert all(r.registers > 0 for r in reports.values())
+    source = kernels[1].source.replace("const float rstd =", "const float rstd = = ;", 1)
+    broken = dataclasses.replace(kernels[1], source=source)
+    with pytest.raises(CompileError, match="nvcc failed"):
+        compile_offline([kernels[0], broken, kernels[2]], "sm_90", workdir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@requires_nvcc
 def test_compile_offline_missing_kernel_is_an_error():
     good = _one_kernel()
     renamed = dataclasses.replace(good, name="autonorm_ln_not_in_source")
