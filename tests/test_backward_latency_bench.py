@@ -68,9 +68,27 @@ def test_missing_or_non_positive_peers_are_dashes_left_out_of_the_fastest():
 
 def test_parse_args_defaults_and_overrides():
     args = latency.parse_args([])
-    assert (args.hidden, args.rows, args.dtypes) == ("4096,16384", "1,8,64,256", "bf16")
-    args = latency.parse_args(["--hidden", "768", "--rows", "1,2", "--dtypes", "fp32"])
+    assert (args.hidden, args.rows, args.dtypes, args.configs) == (
+        "4096,16384", "1,8,64,256", "bf16", "")
+    args = latency.parse_args(["--hidden", "768", "--rows", "1,2", "--dtypes", "fp32",
+                               "--configs", "t128v8-bulk-accregisters-p1-s2-c4"])
     assert (args.hidden, args.rows, args.dtypes) == ("768", "1,2", "fp32")
+    assert args.configs == "t128v8-bulk-accregisters-p1-s2-c4"
+
+
+def test_a_configuration_line_names_its_label_and_dashes_what_it_did_not_time():
+    peers = {"eager": 6.0, "compile": 3.0}
+    line = latency.format_row("rms_norm t128v8-bulk-accregisters-p1-s2-c4", "bf16", 4096, 8,
+                              2.0, peers)
+    assert _cells(line)[0] == "rms_norm t128v8-bulk-accregisters-p1-s2-c4"
+    assert _cells(line)[-1] == "1.50x"  # 3.0 / 2.0
+    cells = _cells(latency.format_row("rms_norm t1024v8-none-accsmem-p1", "bf16", 64, 8, None,
+                                      peers))
+    assert cells[4] == "-" and cells[-1] == "-"
+
+
+def test_no_labels_need_no_gpu():
+    assert latency._config_kernels("layer_norm", None, None, None, []) == {}
 
 
 def test_help_parses_and_names_the_method():

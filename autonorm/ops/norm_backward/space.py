@@ -50,8 +50,8 @@ TARGET_SHARE = 4096
 # At up to FEW_ROWS rows a backward is a launch, a few row reductions and the column sums
 # meeting: its time is latency, and a block of FEW_THREADS threads with one to four vectors of
 # a row each, the row split over a cluster of up to FEW_CLUSTER blocks, finished first. At
-# hidden 4096 (H200, rows 1-64, both norms, bf16 and fp32, docs/backward.md) it took 2.2-9.0 us
-# where the bulk default took 3.0-12.1 (x1.2-1.7); at 256 rows it lost at all four (x0.94-0.99).
+# hidden 4096 (H200, rows 1-64, both norms, bf16 and fp32, docs/backward.md) it took 2.3-9.0 us
+# where the bulk default took 3.1-12.3 (x1.19-1.69); at 256 rows it did not win (x0.91-1.00).
 FEW_ROWS = 64
 FEW_THREADS = 128
 FEW_CLUSTER = 4
