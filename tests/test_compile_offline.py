@@ -126,7 +126,7 @@ KNOWN_SPILLS: dict[str, set[tuple[int, str]]] = {
 
 @pytest.fixture(scope="module")
 def sweep_results() -> dict[str, tuple[list[RenderedKernel], object]]:
-    """Compile the three dtypes' sweeps, one nvcc run each, in parallel on CI's cores."""
+    """Compile the three dtypes' sweeps in turn (each over every core: compile_offline)."""
     if nvcc_path() is None:
         pytest.skip("nvcc not found on PATH: offline compile tests need the CUDA toolkit")
     batches = {dtype: sweep_kernels(dtype) for dtype in DTYPES}
@@ -137,10 +137,7 @@ def sweep_results() -> dict[str, tuple[list[RenderedKernel], object]]:
         except CompileError as exc:  # reported by the dtype's own test
             return exc
 
-    workers = max(1, min(len(DTYPES), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        results = dict(zip(DTYPES, pool.map(run, DTYPES), strict=True))
-    return {dtype: (batches[dtype], results[dtype]) for dtype in DTYPES}
+    return {dtype: (batches[dtype], run(dtype)) for dtype in DTYPES}
 
 
 @requires_nvcc

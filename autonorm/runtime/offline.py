@@ -53,6 +53,10 @@ _COMPILING_RE = re.compile(r"Compiling entry function '(\w+)'")
 _USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
+# nvcc runs at once at most: each holds a translation unit's front end in memory.
+MAX_JOBS = 8
+
+
 def nvcc_path() -> str | None:
     """Return the nvcc executable, or None if it is not installed."""
     return shutil.which("nvcc")
@@ -109,10 +113,6 @@ def compile_offline(
     if missing:
         raise CompileError(f"ptxas reported nothing for {missing[:3]}")
     return reports
-
-
-# nvcc runs at once at most: each holds a translation unit's front end in memory.
-MAX_JOBS = 8
 
 
 def _cores() -> int:
