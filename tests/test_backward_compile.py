@@ -17,7 +17,7 @@ from test_compile_offline import nvcc_diagnostics, requires_nvcc
 
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.plan import derive_plan
-from autonorm.ops.norm_backward.space import FEW_ROWS
+from autonorm.ops.norm_backward.space import FEW_ROWS, GROUP_ROWS
 from autonorm.runtime.limits import H200
 from autonorm.runtime.offline import compile_offline
 
@@ -35,7 +35,7 @@ FORMS = {
 def _branch(config, plan) -> tuple:  # noqa: ANN001
     """What decides the locals a backward kernel declares."""
     return (config.cache, config.acc, config.prefetch, config.cluster > 1, config.hold,
-            config.threads > 32, plan.even)
+            config.groups > 1, config.threads > 32, plan.even)
 
 
 def backward_sample() -> list:
@@ -71,6 +71,7 @@ def test_backward_kernels_compile_without_warnings() -> None:
     assert any(k.config.cluster > 1 for k in kernels)
     assert any(k.config.prefetch for k in kernels)
     assert any(k.config.hold for k in kernels)
+    assert any(k.config.groups > 1 for k in kernels)
     status, found = nvcc_diagnostics(kernels)
     assert status == 0, "nvcc rejected the sample"
     by_name = {k.name: k for k in kernels}
@@ -83,20 +84,22 @@ def test_backward_kernels_compile_without_warnings() -> None:
 @pytest.mark.slow
 def test_backward_defaults_fit_their_plans() -> None:
     # Every default (both norms, plain and after a fused add, three dtypes, 1 to 65536
-    # elements, at any rows and at few): no spills, and no more static shared memory than the
-    # plan counts in its shared-memory rules.
+    # elements, at any rows, at few and at the groups' buckets): no spills, and no more static
+    # shared memory than the plan counts in its shared-memory rules.
     kernels = {}
     for op in FORMS:
         family = registry.get(op)
         for dtype in DTYPES:
             for hidden in DEFAULT_HIDDEN:
-                for form, rows in itertools.product(({}, {"residual": True}), (None, FEW_ROWS)):
+                forms = ({}, {"residual": True})
+                for form, rows in itertools.product(forms, (None, FEW_ROWS, 2, 4, GROUP_ROWS)):
                     problem = family.problem(hidden=hidden, dtype=dtype, **form)
                     kernel = family.render(family.default(problem, H200, rows), problem, H200)
                     kernels.setdefault(kernel.name, kernel)
     reports = compile_offline(list(kernels.values()), "sm_90")
     assert any(k.config.cluster > 1 for k in kernels.values())
     assert any(k.config.hold for k in kernels.values())
+    assert any(k.config.groups > 1 for k in kernels.values())
     for name, kernel in kernels.items():
         report, plan = reports[name], derive_plan(kernel.config, kernel.problem)
         what = f"{kernel.problem.describe()} {kernel.config.label()}"

@@ -2,11 +2,12 @@
 
 A fixed-seed cover of the template's branches (row in registers, read again or staged by bulk
 copy, whole or split over a cluster, read from the stage in every pass or held in registers;
-column sums in registers, shared memory or L2; several grids) is verified for LayerNorm and
+column sums in registers, shared memory or L2; groups of blocks taking rows side by side in
+one cluster; several grids) is verified for LayerNorm and
 RMSNorm in every dtype, fp32 dx and dweight within 1e-5 of float64 on rows of mean 1000 and
 spread 0.1. Broken kernels (dx without its mean term, the shift dropped, dweight summed over
-half the partial rows, a stage refilled with the wrong row) must fail the verifier, and the
-public functions give torch's gradients.
+half the partial rows, a stage refilled with the wrong row, a group's sums left out) must fail
+the verifier, and the public functions give torch's gradients.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from autonorm.ops import registry
-from autonorm.ops.norm_backward.space import FEW_ROWS
+from autonorm.ops.norm_backward.space import FEW_ROWS, GROUP_ROWS
 from autonorm.ops.norm_backward.verify import verify
 
 pytestmark = pytest.mark.gpu
@@ -51,17 +52,20 @@ def _compile(kernel):  # noqa: ANN001, ANN202
 
 
 def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
-    """The default (at any rows and at few), and one pick of the space, of its whole-row bulk
-    kernels, its clusters and its bulk kernels holding the row in registers."""
+    """The default (at any rows, at few and at the groups' buckets), and one pick of the space,
+    of its whole-row bulk kernels, its clusters, its bulk kernels holding the row in registers
+    and its groups."""
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
-    picks = [family.default(problem, limits), family.default(problem, limits, FEW_ROWS)]
+    picks = [family.default(problem, limits, rows) for rows in (None, FEW_ROWS, 2, GROUP_ROWS)]
     picks += rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))
     held = [c for c in space if c.hold]
     picks += rng.sample(held, min(PICKS, len(held)))
+    grouped = [c for c in space if c.groups > 1]
+    picks += rng.sample(grouped, min(PICKS, len(grouped)))
     return list(dict.fromkeys(picks))
 
 
@@ -127,7 +131,7 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
 BREAKS = {
     "drop-mean": (" - c2));", "));"),
     "no-shift": ("const float shift = to_f(x", "const float shift = 0.f * to_f(x"),
-    "half-partials": ("p < nparts; p += NW", "p < (nparts + 1) / 2; p += NW"),
+    "half-partials": ("p < parts; p += NW", "p < (parts + 1) / 2; p += NW"),
     # One cluster's sums are the gradients (the one-row case): half of them is wrong there only.
     "one-cluster-sums": ("dweight[crank * SEG + j * V + k] = from_f(",
                          "dweight[crank * SEG + j * V + k] = 0.5f * from_f("),
@@ -150,14 +154,28 @@ BROKEN_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize(("form", "name"), [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
-                         + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS])
+# Two groups of a cluster of two blocks each, whose sums meet in distributed shared memory (one
+# cluster) or in partials (the verifier's grid of three clusters); the last group's sums left
+# out of that meeting is wrong at any grid.
+GROUPS_CONFIG = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
+                 "blocks_per_sm": 1, "stages": 2, "cluster": 2, "groups": 2}
+GROUPS_BREAKS = {"drop-group": ("for (int r = 1; r < R; ++r)", "for (int r = 1; r < R - 1; ++r)")}
+GROUPS_FORM = "groups"
+
+
+@pytest.mark.parametrize(
+    ("form", "name"),
+    [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
+    + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS]
+    + [(GROUPS_FORM, n) for n in ("drop-mean", "no-shift", "half-partials", "stale-stage",
+                                  *GROUPS_BREAKS)])
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")
-    config = family.config_from_dict(BROKEN_CONFIGS[form])
+    config = family.config_from_dict(
+        GROUPS_CONFIG if form == GROUPS_FORM else BROKEN_CONFIGS[form])
     kernel = family.render(config, problem, limits)
-    old, new = {**BREAKS, **BULK_BREAKS}[name]
+    old, new = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS}[name]
     assert old in kernel.source
     broken = dataclasses.replace(kernel, source=kernel.source.replace(old, new))
     result = verify(_compile(broken), problem)

@@ -36,6 +36,7 @@ class LaunchPlan:
     barrier: bool = False
     reduce_tiles: int = 0
     spread_rows: int = 0
+    single: bool = False
 
     def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).
@@ -52,8 +53,11 @@ class LaunchPlan:
         (below that, a cluster a row). After its barrier it sums ``reduce_tiles`` tiles over
         the blocks, so with more than one row it launches a block a tile where rows alone would
         leave tiles to few blocks (one row needs no barrier: its one cluster's sums are the
-        totals).
+        totals). A ``single`` plan launches one cluster, whatever the rows: its blocks meet
+        within it.
         """
+        if self.single:
+            return self.cluster
         tiles = max(1, -(-rows // self.rows_per_block))
         clusters = tiles
         if self.resident:

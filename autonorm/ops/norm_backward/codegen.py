@@ -27,6 +27,9 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "norm_bwd.cu.j2"
 KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2", "mbarrier.cuh.j2")
 
+# The fields kernels were once named without, at their defaults.
+DEFAULTS = {"hold": False, "groups": 1}
+
 # Columns of one tile of the final column sums (4 a lane of one warp; the template's 128).
 COLUMN_TILE = 128
 
@@ -51,7 +54,8 @@ def kernel_name(config: BackwardConfig, problem: BackwardProblem) -> str:
     """Return the unique, deterministic C name of a kernel."""
     # A field that kernels were once named without stays out of the text at its default, so
     # those kernels keep their names (and stored winners their digests).
-    fields = {k: v for k, v in config.to_dict().items() if k != "hold" or v}
+    fields = {k: v for k, v in config.to_dict().items()
+              if k not in ("hold", "groups") or v != DEFAULTS[k]}
     text = repr((sorted(fields.items()), problem))
     prefix = "autonorm_ln_bwd_" if problem.norm == "layer" else "autonorm_rms_bwd_"
     return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -71,13 +75,14 @@ def render(
     launch = LaunchPlan(
         threads=config.threads,
         smem_bytes=plan.smem_bytes,
-        cluster=config.cluster,
+        cluster=config.cluster * config.groups,
         rows_per_block=ROWS_PER_CLUSTER if problem.sums else 1,
         blocks_per_sm=config.blocks_per_sm,
         resident=True,
         barrier=problem.sums > 0,
         reduce_tiles=problem.sums * -(-problem.hidden // COLUMN_TILE),
         spread_rows=SPREAD_ROWS if problem.sums else 0,
+        single=config.groups > 1,
     )
     return RenderedKernel(name, source, config, problem, launch)
 
@@ -115,9 +120,11 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "acc": config.acc,
         "S": config.stages,
         "C": config.cluster,
+        "R": config.groups,
         "HOLD": config.hold,
         "RES": problem.residual,
         "STAGE_OFFSET": plan.stage_offset,
+        "BARS_OFFSET": plan.bars_offset,
         "SPREAD": SPREAD_ROWS,
         "RPC": ROWS_PER_CLUSTER,
     }

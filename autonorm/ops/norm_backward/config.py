@@ -33,8 +33,15 @@ STAGES = (0, 1, 2, 3, 4)
 # memory.
 CLUSTERS = (1, 2, 4, 8)
 
+# Groups of a cluster's blocks that take rows side by side (bulk-copy kernels launched as one
+# cluster): each group of ``cluster`` blocks takes every ``groups``-th row, and the groups'
+# column sums meet in distributed shared memory, not at a grid barrier. A cluster of
+# ``cluster * groups`` blocks stays within the 8 a portable cluster may have.
+GROUPS = (1, 2, 4, 8)
+MAX_CLUSTER_BLOCKS = 8
+
 _LABEL = re.compile(
-    r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?(-h)?")
+    r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?(?:-g(\d+))?(-h)?")
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class BackwardConfig:
     stages: int = 0
     cluster: int = 1
     hold: bool = False
+    groups: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """Return the fields as plain JSON values."""
@@ -84,12 +92,14 @@ class BackwardConfig:
         """Return a short readable name, e.g. ``t256v8-registers-accsmem-p2``.
 
         ``-f`` marks prefetch, ``-s3`` three bulk-copy stages, ``-c4`` a cluster of four and
-        ``-h`` a row held in fp32 registers.
+        ``-g2`` two groups of blocks taking rows side by side, ``-h`` a row held in fp32
+        registers.
         """
         return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
                 f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}"
                 f"{f'-s{self.stages}' if self.stages else ''}"
                 f"{f'-c{self.cluster}' if self.cluster > 1 else ''}"
+                f"{f'-g{self.groups}' if self.groups > 1 else ''}"
                 f"{'-h' if self.hold else ''}")
 
     @classmethod
@@ -102,6 +112,7 @@ class BackwardConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a backward kernel label: {label!r}")
-        threads, vec, cache, acc, blocks, prefetch, stages, cluster, hold = match.groups()
+        threads, vec, cache, acc, blocks, prefetch, stages, cluster, groups, hold = (
+            match.groups())
         return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None,
-                   int(stages or 0), int(cluster or 1), hold is not None)
+                   int(stages or 0), int(cluster or 1), hold is not None, int(groups or 1))

@@ -15,6 +15,7 @@ from autonorm.ops.norm_backward.config import (
     BLOCKS_PER_SM,
     CACHES,
     CLUSTERS,
+    GROUPS,
     STAGES,
     THREADS,
     VECS,
@@ -70,6 +71,9 @@ class BackwardFamily:
                       if cache == "registers" else False),
             stages=trial.suggest_categorical("stages", STAGES[1:]) if cache == "bulk" else 0,
             cluster=trial.suggest_categorical("cluster", CLUSTERS) if cache == "bulk" else 1,
+            hold=(trial.suggest_categorical("hold", (False, True))
+                  if cache == "bulk" else False),
+            groups=trial.suggest_categorical("groups", GROUPS) if cache == "bulk" else 1,
         )
 
     def check(

@@ -18,6 +18,8 @@ from autonorm.ops.norm_backward.config import (
     BLOCKS_PER_SM,
     CACHES,
     CLUSTERS,
+    GROUPS,
+    MAX_CLUSTER_BLOCKS,
     STAGES,
     THREADS,
     VECS,
@@ -81,7 +83,9 @@ class Plan:
         even: every thread has a vector in every iteration (no guard).
         smem_bytes: dynamic shared memory: the column sums of ``acc="smem"``, then a bulk
             kernel's stages (x's, then dy's) and their mbarriers.
-        stage_offset: where the stages start in the dynamic shared memory (bytes).
+        stage_offset: where the stages start in the dynamic shared memory (bytes); with
+            groups, the sums held in registers meet there once the rows are done.
+        bars_offset: where the stages' mbarriers start in the dynamic shared memory (bytes).
         static_smem: static shared memory.
         regs: the register estimate per thread.
     """
@@ -94,6 +98,7 @@ class Plan:
     even: bool
     smem_bytes: int
     stage_offset: int
+    bars_offset: int
     static_smem: int
     regs: int
 
@@ -134,19 +139,25 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
     smem = sums
     if config.cache == "bulk":
         # x's and dy's rows (this block's share) per stage, then one 8-byte mbarrier a stage.
-        smem += 2 * config.stages * seg * problem.itemsize + 8 * config.stages
+        # Groups whose sums are in registers put them where the stages were, to meet.
+        staged = 2 * config.stages * seg * problem.itemsize
+        if config.groups > 1 and config.acc == "registers":
+            staged = max(staged, problem.sums * seg * 4)
+        smem += staged + 8 * config.stages
     static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
     if config.cluster > 1:
         static += cluster_exchange_bytes(config.cluster)
+    bars = smem - 8 * config.stages if config.cache == "bulk" else smem
     return Plan(config, problem, seg, nvec, iters, nvec % config.threads == 0, smem, sums,
-                static, regs)
+                bars, static, regs)
 
 
 def check(config: Config, problem: BackwardProblem, device: object) -> list[str]:
     """Return why ``config`` cannot run ``problem`` on ``device`` (empty when it can)."""
     reasons = domain_reasons(config, {
         "threads": THREADS, "vec": VECS, "cache": CACHES, "acc": ACCS,
-        "blocks_per_sm": BLOCKS_PER_SM, "stages": STAGES, "cluster": CLUSTERS})
+        "blocks_per_sm": BLOCKS_PER_SM, "stages": STAGES, "cluster": CLUSTERS,
+        "groups": GROUPS})
     if reasons:
         return reasons
     if config.vec * problem.itemsize > 16:
@@ -207,6 +218,8 @@ def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> l
             reasons.append("clusters split rows of bulk-copy kernels only (cache='bulk')")
         if config.hold:
             reasons.append("hold reads a row from its bulk-copy stage (cache='bulk')")
+        if config.groups > 1:
+            reasons.append("groups take rows in bulk-copy kernels only (cache='bulk')")
         return reasons
     reasons = []
     if config.stages == 0:
@@ -216,6 +229,17 @@ def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> l
     if config.vec * problem.itemsize != 16:
         # Stage reads are 16-byte vectors, and a row copy must be a multiple of 16 bytes.
         reasons.append("cache='bulk' takes 16-byte vectors")
+    if config.groups > 1:
+        if config.cluster * config.groups > MAX_CLUSTER_BLOCKS:
+            reasons.append(f"a cluster of {config.cluster} x {config.groups} groups exceeds "
+                           f"{MAX_CLUSTER_BLOCKS} blocks")
+        if not problem.sums:
+            reasons.append("groups meet their column sums: there are none to meet")
+        if config.acc == "global":
+            reasons.append("groups meet sums held in registers or shared memory, not acc='global'")
+        if config.blocks_per_sm != 1:
+            # A kernel of groups launches one cluster: occupancy sizes no grid.
+            reasons.append("groups launch one cluster: blocks_per_sm must be 1")
     return reasons
 
 
