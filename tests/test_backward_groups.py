@@ -166,9 +166,9 @@ def test_groups_default_follows_its_rule(op: str, dtype: str, hidden: int) -> No
     problem = family.problem(hidden=hidden, dtype=dtype)
     few = _few_rows_form(problem, H200)
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16):
-        config = _groups_form(problem, H200, rows)
+        config = _groups_form(problem, H200, rows, few)
         # A rows bucket has one form: dispatch caches its kernel by bucket.
-        assert config == _groups_form(problem, H200, rows_bucket(rows))
+        assert config == _groups_form(problem, H200, rows_bucket(rows), few)
         if config is None:
             continue
         # The default takes it.
@@ -180,4 +180,4 @@ def test_groups_default_follows_its_rule(op: str, dtype: str, hidden: int) -> No
         assert -(-bucket // config.groups) <= GROUP_ROWS_PER_BLOCK
         assert dataclasses.replace(config, cluster=few.cluster, groups=1, acc=few.acc) == few
     if problem.itemsize == 4 or few is None or few.cluster < 2:
-        assert all(_groups_form(problem, H200, r) is None for r in (2, 4, 8))
+        assert all(_groups_form(problem, H200, r, few) is None for r in (2, 4, 8))

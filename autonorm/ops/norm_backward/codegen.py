@@ -27,8 +27,8 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "norm_bwd.cu.j2"
 KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2", "mbarrier.cuh.j2")
 
-# The fields kernels were once named without, at their defaults.
-DEFAULTS = {"hold": False, "groups": 1}
+# Fields added after kernels were named: at their defaults they stay out of a kernel's name.
+LATE_FIELDS = ("hold", "groups")
 
 # Columns of one tile of the final column sums (4 a lane of one warp; the template's 128).
 COLUMN_TILE = 128
@@ -54,8 +54,9 @@ def kernel_name(config: BackwardConfig, problem: BackwardProblem) -> str:
     """Return the unique, deterministic C name of a kernel."""
     # A field that kernels were once named without stays out of the text at its default, so
     # those kernels keep their names (and stored winners their digests).
+    unnamed = BackwardConfig()
     fields = {k: v for k, v in config.to_dict().items()
-              if k not in ("hold", "groups") or v != DEFAULTS[k]}
+              if k not in LATE_FIELDS or v != getattr(unnamed, k)}
     text = repr((sorted(fields.items()), problem))
     prefix = "autonorm_ln_bwd_" if problem.norm == "layer" else "autonorm_rms_bwd_"
     return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]

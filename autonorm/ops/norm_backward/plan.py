@@ -143,11 +143,13 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         staged = 2 * config.stages * seg * problem.itemsize
         if config.groups > 1 and config.acc == "registers":
             staged = max(staged, problem.sums * seg * 4)
-        smem += staged + 8 * config.stages
+        bars = smem + staged
+        smem = bars + 8 * config.stages
+    else:
+        bars = smem
     static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
     if config.cluster > 1:
         static += cluster_exchange_bytes(config.cluster)
-    bars = smem - 8 * config.stages if config.cache == "bulk" else smem
     return Plan(config, problem, seg, nvec, iters, nvec % config.threads == 0, smem, sums,
                 bars, static, regs)
 

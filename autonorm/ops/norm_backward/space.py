@@ -81,10 +81,7 @@ def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
     Checking the space costs ~0.4 s of CPU, and a dispatch asks for it once a rows bucket: a
     problem and device seen before reuse its answer.
     """
-    try:
-        return list(_valid_space(problem, device))
-    except TypeError:  # a device stand-in that cannot be hashed
-        return list(_valid_space.__wrapped__(problem, device))
+    return list(_valid_space(problem, device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,16 +225,23 @@ def _few_rows_form(problem: BackwardProblem, device: object) -> Config | None:
     return None
 
 
-def _groups_form(problem: BackwardProblem, device: object, rows: int) -> Config | None:
+def _groups_form(
+    problem: BackwardProblem, device: object, rows: int, few: Config | None
+) -> Config | None:
     """The default at 2 to :data:`GROUP_ROWS` rows of 16-bit rows, or None where none applies.
 
     The few-row form's blocks and stages, as one cluster of groups: the most groups up to the
     rows' bucket that leave each group a cluster of at least two blocks (at most the few-row
     form's) and at most :data:`GROUP_ROWS_PER_BLOCK` rows; sums in registers. None where the
     few-row form does not split the row, or no such kernel fits.
+
+    Args:
+        problem: the problem.
+        device: its device's limits.
+        rows: the rows of the launch (their bucket decides).
+        few: :func:`_few_rows_form` of the problem.
     """
     bucket = rows_bucket(rows)
-    few = _few_rows_form(problem, device)
     if not 2 <= bucket <= GROUP_ROWS or problem.itemsize != 2 or few is None or few.cluster < 2:
         return None
     for groups in sorted((g for g in GROUPS if 2 <= g <= bucket), reverse=True):
@@ -267,10 +271,10 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     """
     # The few-row forms are checked as they are built: the space is not needed for them.
     if rows is not None and rows <= FEW_ROWS:
-        grouped = _groups_form(problem, device, rows)
+        few = _few_rows_form(problem, device)
+        grouped = _groups_form(problem, device, rows, few)
         if grouped is not None:
             return grouped
-        few = _few_rows_form(problem, device)
         if few is not None:
             return few
     space = enumerate_space(problem, device)
