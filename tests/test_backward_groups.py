@@ -127,26 +127,39 @@ def test_search_asks_hold_and_groups_of_bulk_kernels() -> None:
     assert config.hold and config.groups == GROUPS[-1]
 
 
-@pytest.mark.parametrize(("op", "hidden", "rows", "label"), [
-    # bf16, CUDA-graph replay, against the few-row form (t128v8-...-c4) in the same run (H200,
-    # docs/backward.md): LayerNorm 4096 3.4 us against 5.8 at 2 rows, 4.9 against 6.0 at 8;
-    # RMSNorm 4096 2.9 against 4.5 and 3.8 against 5.0; 8192 at 2 rows 3.9 against 7.2
-    # (LayerNorm) and 3.1 against 5.5 (RMSNorm), at 8 rows RMSNorm 4.5 against 5.8.
-    ("layer_norm_backward", 4096, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
-    ("layer_norm_backward", 4096, 8, "t128v8-bulk-accregisters-p1-s2-c2-g4"),
-    ("rms_norm_backward", 4096, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
-    ("rms_norm_backward", 4096, 8, "t128v8-bulk-accregisters-p1-s2-c2-g4"),
-    ("layer_norm_backward", 8192, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
-    ("rms_norm_backward", 8192, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
-    ("rms_norm_backward", 8192, 8, "t128v8-bulk-accregisters-p1-s2-c2-g4"),
-    # Four rows a block lost (LayerNorm 8192 at 8 rows: groups of two clusters of four would
-    # take four rows a block; two of two do not fit their sums in registers).
-    ("layer_norm_backward", 8192, 8, "t128v8-bulk-accregisters-p1-s2-c4"),
+@pytest.mark.parametrize(("op", "dtype", "hidden", "rows", "label"), [
+    # CUDA-graph replay, against the few-row form (t128v8-...-c4, or the default where there is
+    # none) in the same run (H200, docs/backward.md): bf16 LayerNorm 4096 3.4 us against 5.8 at
+    # 2 rows, 4.9 against 6.0 at 8; RMSNorm 4096 2.9 against 4.5 at 2 rows; 8192 at 2 rows 3.9
+    # against 7.2 (LayerNorm) and 3.1 against 5.5 (RMSNorm), at 8 rows RMSNorm 4.5 against 5.8.
+    ("layer_norm_backward", "bfloat16", 4096, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
+    ("layer_norm_backward", "bfloat16", 4096, 8, "t128v8-bulk-accregisters-p1-s2-c2-g4"),
+    ("rms_norm_backward", "bfloat16", 4096, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
+    ("layer_norm_backward", "bfloat16", 8192, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
+    ("rms_norm_backward", "bfloat16", 8192, 2, "t128v8-bulk-accregisters-p1-s2-c4-g2"),
+    ("rms_norm_backward", "bfloat16", 8192, 8, "t128v8-bulk-accregisters-p1-s2-c2-g4"),
+    # A block a row where the sums fit: RMSNorm bf16 4096 at 8 rows 3.3 us against 3.8 for
+    # two clusters of two; bf16 1024 (one block a row already) 3.0 against 5.1, and 768 (no
+    # few-row form) 3.2 against 4.1 (LayerNorm); fp32 1024 3.0 against 4.8 and RMSNorm fp32
+    # 4096 3.5 against 4.4.
+    ("rms_norm_backward", "bfloat16", 4096, 8, "t128v8-bulk-accregisters-p1-s2-g8"),
+    ("layer_norm_backward", "bfloat16", 1024, 8, "t128v8-bulk-accregisters-p1-s2-g8"),
+    ("layer_norm_backward", "bfloat16", 768, 8, "t64v8-bulk-accregisters-p1-s2-g8"),
+    ("layer_norm_backward", "float32", 1024, 8, "t128v4-bulk-accregisters-p1-s2-g8"),
+    ("rms_norm_backward", "float32", 4096, 8, "t128v4-bulk-accregisters-p1-s2-g8"),
+    # fp32 4096 at 2 and 4 rows: 3.3 and 3.8 us against 4.9 and 5.1 (LayerNorm).
+    ("layer_norm_backward", "float32", 4096, 2, "t128v4-bulk-accregisters-p1-s2-c4-g2"),
+    ("layer_norm_backward", "float32", 4096, 4, "t128v4-bulk-accregisters-p1-s2-c2-g4"),
+    # Four rows a block lost (LayerNorm bf16 8192 at 8 rows: groups of two clusters of four
+    # would take four rows a block; two of two do not fit their sums in registers), and so did
+    # two rows of 16 KB (RMSNorm fp32 8192 at 8 rows, 5.6 us against 4.7).
+    ("layer_norm_backward", "bfloat16", 8192, 8, "t128v8-bulk-accregisters-p1-s2-c4"),
+    ("rms_norm_backward", "float32", 8192, 8, "t128v4-bulk-accregisters-p1-s2-c4"),
 ])
-def test_few_16_bit_rows_take_one_cluster_of_groups(op: str, hidden: int, rows: int,
-                                                     label: str) -> None:
+def test_few_rows_take_one_cluster_of_groups(op: str, dtype: str, hidden: int, rows: int,
+                                             label: str) -> None:
     family = registry.get(op)
-    problem = family.problem(hidden=hidden, dtype="bfloat16")
+    problem = family.problem(hidden=hidden, dtype=dtype)
     assert family.default(problem, H200, rows).label() == label
 
 
@@ -156,15 +169,18 @@ def test_few_16_bit_rows_take_one_cluster_of_groups(op: str, hidden: int, rows: 
 def test_groups_default_follows_its_rule(op: str, dtype: str, hidden: int) -> None:
     from autonorm.ops.base import rows_bucket
     from autonorm.ops.norm_backward.space import (
+        GROUP_BLOCK_BYTES,
         GROUP_ROWS,
         GROUP_ROWS_PER_BLOCK,
         _few_rows_form,
+        _group_base,
         _groups_form,
     )
 
     family = registry.get(op)
     problem = family.problem(hidden=hidden, dtype=dtype)
     few = _few_rows_form(problem, H200)
+    base = _group_base(problem, H200, few)
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16):
         config = _groups_form(problem, H200, rows, few)
         # A rows bucket has one form: dispatch caches its kernel by bucket.
@@ -174,10 +190,14 @@ def test_groups_default_follows_its_rule(op: str, dtype: str, hidden: int) -> No
         # The default takes it.
         assert family.default(problem, H200, rows) == config
         bucket = rows_bucket(rows)
-        assert problem.itemsize == 2 and 2 <= bucket <= GROUP_ROWS
+        assert 2 <= bucket <= GROUP_ROWS
         assert config.groups > 1 and check(config, problem, H200) == []
-        assert 2 <= config.cluster <= few.cluster
-        assert -(-bucket // config.groups) <= GROUP_ROWS_PER_BLOCK
-        assert dataclasses.replace(config, cluster=few.cluster, groups=1, acc=few.acc) == few
-    if problem.itemsize == 4 or few is None or few.cluster < 2:
+        assert config.cluster <= base.cluster
+        per_block = -(-bucket // config.groups)
+        assert per_block <= GROUP_ROWS_PER_BLOCK
+        assert per_block * hidden // config.cluster * problem.itemsize <= GROUP_BLOCK_BYTES
+        assert dataclasses.replace(config, cluster=base.cluster, groups=1, acc=base.acc) == base
+    if base is None:
         assert all(_groups_form(problem, H200, r, few) is None for r in (2, 4, 8))
+    # The base is the few-row form where there is one, else its form for rows too short for it.
+    assert base == few or (few is None and base.threads * base.vec <= hidden)

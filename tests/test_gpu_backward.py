@@ -58,7 +58,7 @@ def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
-    picks = [family.default(problem, limits, rows) for rows in (None, FEW_ROWS, 2, GROUP_ROWS)]
+    picks = [family.default(problem, limits, rows) for rows in (None, FEW_ROWS, 2, 4, GROUP_ROWS)]
     picks += rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))

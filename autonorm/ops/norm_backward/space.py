@@ -60,15 +60,18 @@ FEW_ROWS = 64
 FEW_THREADS = 128
 FEW_CLUSTER = 4
 
-# At 2 to GROUP_ROWS rows (a rows bucket) of 16-bit rows that the few-row form splits over a
-# cluster, one cluster of groups takes every row: each group of blocks at most
-# GROUP_ROWS_PER_BLOCK rows, the groups' sums meeting in distributed shared memory instead of at
-# a grid barrier. bf16 (H200, CUDA-graph replay, docs/backward.md), against the few-row form in
-# the same run: LayerNorm 4096 at 2 rows 3.4 us against 5.8 and at 8 rows 4.9 against 6.0;
-# RMSNorm 4096 2.9 against 4.5 and 3.8 against 5.0; 8192 at 2 rows 3.9 against 7.2 (LayerNorm)
-# and 3.1 against 5.5 (RMSNorm). At 32 rows, four rows a block, it lost (11.3 against 7.0).
+# At 2 to GROUP_ROWS rows (a rows bucket) one cluster of groups takes every row: each group of
+# blocks at most GROUP_ROWS_PER_BLOCK rows of at most GROUP_BLOCK_BYTES of x in all, the groups'
+# sums meeting in distributed shared memory instead of at a grid barrier. Against the few-row
+# form (or the default where there is none) in the same run (H200, CUDA-graph replay,
+# docs/backward.md): bf16 LayerNorm 4096 at 2 rows 3.4 us against 5.8, at 8 rows 4.9 against
+# 6.0; 1024 at 8 rows, a block a row, 3.0 against 5.1; fp32 LayerNorm 4096 at 2 rows 3.3
+# against 4.9, RMSNorm 4096 at 8 rows 3.5 against 4.4. Four rows a block lost (LayerNorm bf16
+# 4096 at 32 rows: 11.3 against 7.0), and so did two of 16 KB each (RMSNorm fp32 8192 at 8 rows:
+# 5.6 against 4.7).
 GROUP_ROWS = 8
 GROUP_ROWS_PER_BLOCK = 2
+GROUP_BLOCK_BYTES = 16 * 1024
 
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
@@ -225,15 +228,34 @@ def _few_rows_form(problem: BackwardProblem, device: object) -> Config | None:
     return None
 
 
+def _group_base(problem: BackwardProblem, device: object, few: Config | None) -> Config | None:
+    """Return the kernel whose blocks and stages the groups take, or None.
+
+    The few-row form; where rows are too short for its block (under :data:`FEW_THREADS`
+    vectors), the same form of the most threads, at least a warp, that give each a vector of
+    the row. None for rows past :data:`SPLIT_ABOVE` elements and where no bulk-copy kernel runs
+    (odd sizes, before Hopper).
+    """
+    if few is not None or problem.hidden > SPLIT_ABOVE:
+        return few
+    vec = 16 // problem.itemsize
+    threads = [t for t in THREADS if 32 <= t <= min(FEW_THREADS, problem.hidden // vec)]
+    if not threads:
+        return None
+    form = Config(max(threads), vec, "bulk", "registers", 1, stages=2)
+    return None if check(form, problem, device) else form
+
+
 def _groups_form(
     problem: BackwardProblem, device: object, rows: int, few: Config | None
 ) -> Config | None:
-    """The default at 2 to :data:`GROUP_ROWS` rows of 16-bit rows, or None where none applies.
+    """The default at 2 to :data:`GROUP_ROWS` rows, or None where none applies.
 
-    The few-row form's blocks and stages, as one cluster of groups: the most groups up to the
-    rows' bucket that leave each group a cluster of at least two blocks (at most the few-row
-    form's) and at most :data:`GROUP_ROWS_PER_BLOCK` rows; sums in registers. None where the
-    few-row form does not split the row, or no such kernel fits.
+    The blocks and stages of :func:`_group_base` as one cluster of groups, sums in registers:
+    the most groups up to the rows' bucket, each a cluster of the base's blocks (fewer where
+    the groups' blocks would pass :data:`MAX_CLUSTER_BLOCKS`), that leave each block at most
+    :data:`GROUP_ROWS_PER_BLOCK` rows and :data:`GROUP_BLOCK_BYTES` of x. None where no such
+    kernel fits.
 
     Args:
         problem: the problem.
@@ -242,13 +264,16 @@ def _groups_form(
         few: :func:`_few_rows_form` of the problem.
     """
     bucket = rows_bucket(rows)
-    if not 2 <= bucket <= GROUP_ROWS or problem.itemsize != 2 or few is None or few.cluster < 2:
+    base = _group_base(problem, device, few) if 2 <= bucket <= GROUP_ROWS else None
+    if base is None:
         return None
     for groups in sorted((g for g in GROUPS if 2 <= g <= bucket), reverse=True):
-        cluster = min(few.cluster, MAX_CLUSTER_BLOCKS // groups)
-        if cluster < 2 or -(-bucket // groups) > GROUP_ROWS_PER_BLOCK:
+        cluster = min(base.cluster, MAX_CLUSTER_BLOCKS // groups)
+        per_block = -(-bucket // groups)
+        if (per_block > GROUP_ROWS_PER_BLOCK
+                or per_block * problem.hidden // cluster * problem.itemsize > GROUP_BLOCK_BYTES):
             continue
-        form = dataclasses.replace(few, acc="registers", cluster=cluster, groups=groups)
+        form = dataclasses.replace(base, acc="registers", cluster=cluster, groups=groups)
         if not check(form, problem, device):
             return form
     return None
