@@ -503,3 +503,36 @@ def test_hold_keeps_the_names_of_kernels_without_it() -> None:
 def test_layer_norm_default_holds_its_row_where_it_fits(op, dtype, hidden, label) -> None:  # noqa: ANN001
     family = registry.get(op)
     assert family.default(family.problem(hidden=hidden, dtype=dtype), H200).label() == label
+
+
+@pytest.mark.parametrize(("op", "hidden", "dtype", "form"), [
+    ("layer_norm_backward", 4096, "bfloat16", {}),
+    ("layer_norm_backward", 1000, "float32", {"has_weight": False, "has_bias": False}),
+    ("rms_norm_backward", 65536, "bfloat16", {"residual": True}),
+    ("rms_norm_backward", 100, "float16", {}),
+])
+def test_the_space_is_every_candidate_that_check_accepts(op: str, hidden: int, dtype: str,
+                                                         form: dict) -> None:
+    # The space skips whole branches of candidates before checking them; what it keeps must be
+    # exactly what check accepts of the product of the fields that apply to each cache, in its
+    # order, with and without bulk copy.
+    import itertools
+
+    from autonorm.ops.norm_backward import config as fields
+    from autonorm.ops.norm_backward.space import enumerate_space
+
+    def product():  # noqa: ANN202
+        for threads, vec, cache, acc, blocks in itertools.product(
+                fields.THREADS, fields.VECS, fields.CACHES, fields.ACCS, fields.BLOCKS_PER_SM):
+            bulk = cache == "bulk"
+            for rest in itertools.product(
+                    (False, True) if cache == "registers" else (False,),
+                    fields.STAGES[1:] if bulk else (0,), fields.CLUSTERS if bulk else (1,),
+                    (False, True) if bulk else (False,), fields.GROUPS if bulk else (1,)):
+                yield BackwardConfig(threads, vec, cache, acc, blocks, *rest)
+
+    problem = registry.get(op).problem(hidden=hidden, dtype=dtype, **form)
+    for device in (H200, A100):
+        accepted = [c for c in product() if not check(c, problem, device)]
+        assert accepted
+        assert enumerate_space(problem, device) == accepted
