@@ -11,6 +11,7 @@ Pure logic: no CuPy, no GPU.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Iterator
@@ -51,8 +52,18 @@ def iter_space() -> Iterator[KernelConfig]:
 
 
 def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
-    """Return every valid configuration for ``problem`` on ``device``, in a fixed order."""
-    return [c for c in iter_space() if not check(c, problem, device)]
+    """Return every valid configuration for ``problem`` on ``device``, in a fixed order.
+
+    Checking the space costs about a second of CPU: a problem and device seen before reuse its
+    answer.
+    """
+    return list(_valid_space(problem, device))
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_space(problem: Problem, device: DeviceLimits) -> tuple[KernelConfig, ...]:
+    """:func:`enumerate_space`'s answer, kept for the problems and devices seen last."""
+    return tuple(c for c in iter_space() if not check(c, problem, device))
 
 
 def seed_configs(
