@@ -228,22 +228,23 @@ def _split_form(
     return held if not check(held, problem, device) else pick
 
 
-def _few_rows_form(problem: BackwardProblem, device: object) -> Config | None:
+def _few_rows_form(
+    problem: BackwardProblem, device: object, threads: int = FEW_THREADS
+) -> Config | None:
     """The default at up to :data:`FEW_ROWS` rows of at most :data:`SPLIT_ABOVE` elements.
 
-    A bulk-copy kernel of :data:`FEW_THREADS` threads, 16-byte vectors, two stages, its sums in
-    registers (else shared memory), the row split over the largest cluster of up to
-    :data:`FEW_CLUSTER` blocks that leaves every thread a vector; None where none of these
-    runs (before Hopper, or rows of odd sizes).
+    A bulk-copy kernel of ``threads`` threads (:data:`FEW_THREADS`), 16-byte vectors, two
+    stages, its sums in registers (else shared memory), the row split over the largest cluster
+    of up to :data:`FEW_CLUSTER` blocks that leaves every thread a vector; None where none of
+    these runs (before Hopper, or rows of odd sizes).
     """
     if problem.hidden > SPLIT_ABOVE:
         return None
     vec = 16 // problem.itemsize
-    clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER
-                and problem.hidden // c >= FEW_THREADS * vec]
+    clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER and problem.hidden // c >= threads * vec]
     for cluster in sorted(clusters, reverse=True):
         for acc in ("registers", "smem"):
-            form = Config(FEW_THREADS, vec, "bulk", acc, 1, stages=2, cluster=cluster)
+            form = Config(threads, vec, "bulk", acc, 1, stages=2, cluster=cluster)
             if not check(form, problem, device):
                 return form
     return None
@@ -253,18 +254,15 @@ def _group_base(problem: BackwardProblem, device: object, few: Config | None) ->
     """Return the kernel whose blocks and stages the groups take, or None.
 
     The few-row form; where rows are too short for its block (under :data:`FEW_THREADS`
-    vectors), the same form of the most threads, at least a warp, that give each a vector of
+    vectors), the few-row form of the most threads, at least a warp, that give each a vector of
     the row. None for rows past :data:`SPLIT_ABOVE` elements and where no bulk-copy kernel runs
     (odd sizes, before Hopper).
     """
-    if few is not None or problem.hidden > SPLIT_ABOVE:
+    if few is not None:
         return few
     vec = 16 // problem.itemsize
     threads = [t for t in THREADS if 32 <= t <= min(FEW_THREADS, problem.hidden // vec)]
-    if not threads:
-        return None
-    form = Config(max(threads), vec, "bulk", "registers", 1, stages=2)
-    return None if check(form, problem, device) else form
+    return _few_rows_form(problem, device, max(threads)) if threads else None
 
 
 def _groups_form(
