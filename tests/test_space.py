@@ -316,6 +316,31 @@ def test_enumeration_deterministic_and_valid(dtype, hidden):
     assert positions == sorted(positions)
 
 
+A100_LIMITS = dataclasses.replace(H200, name="NVIDIA A100-SXM4-80GB", cc=80, sm_count=108)
+
+
+@pytest.mark.parametrize(("op", "hidden", "dtype", "form"), [
+    ("layer_norm", 4096, "bfloat16", {}),
+    ("layer_norm", 12289, "float32", {}),
+    ("layer_norm", 1000, "float16", {"residual": True}),
+    ("rms_norm", 768, "float32", {"has_weight": False}),
+    ("rms_norm", 65536, "bfloat16", {"residual": True}),
+    ("rms_norm", 7, "float16", {}),
+])
+def test_the_space_is_every_raw_point_that_check_accepts(op, hidden, dtype, form):
+    # The space skips whole branches of the raw space before checking them: what it keeps must
+    # be exactly what check accepts of iter_space, in its order, with and without clusters and
+    # bulk copy (compute capability 9.0 and 8.0).
+    from autonorm.ops import registry
+
+    problem = registry.get(op).problem(hidden=hidden, dtype=dtype, **form)
+    raw = list(iter_space())
+    for device in (H200, A100_LIMITS):
+        accepted = [c for c in raw if not check(c, problem, device)]
+        assert accepted
+        assert enumerate_space(problem, device) == accepted
+
+
 def test_iter_space_covers_the_product():
     raw = list(iter_space())
     shapes = len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(CLUSTERS)
