@@ -40,15 +40,7 @@ def iter_space() -> Iterator[KernelConfig]:
     Stages belong to the bulk-copy kernel, which takes two-pass statistics, an occupancy-sized
     grid and no register cap only: its other combinations are left out rather than checked.
     """
-    for t, v, r, c, s, cl, p, keep in itertools.product(
-        THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM, (False, True)
-    ):
-        if c != "bulk":
-            for m in MAX_REGS:
-                yield KernelConfig(t, v, r, c, s, cl, p, 0, m, keep_x=keep)
-        elif s == "two_pass" and p == 0:
-            for st in STAGES[1:]:
-                yield KernelConfig(t, v, r, c, s, cl, p, st, keep_x=keep)
+    yield from _points()
 
 
 def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[KernelConfig]:
@@ -63,29 +55,35 @@ def enumerate_space(problem: Problem, device: DeviceLimits = H200) -> list[Kerne
 @functools.lru_cache(maxsize=64)
 def _valid_space(problem: Problem, device: DeviceLimits) -> tuple[KernelConfig, ...]:
     """:func:`enumerate_space`'s answer, kept for the problems and devices seen last."""
-    return tuple(c for c in _candidates(problem, device) if not check(c, problem, device))
+    return tuple(c for c in _points(problem, device) if not check(c, problem, device))
 
 
-def _candidates(problem: Problem, device: DeviceLimits) -> Iterator[KernelConfig]:
-    """Yield :func:`iter_space`'s points, in its order, less the branches ``check`` refuses.
+def _points(
+    problem: Problem | None = None, device: DeviceLimits = H200
+) -> Iterator[KernelConfig]:
+    """Yield :func:`iter_space`'s points in its order; given a problem, less refused branches.
 
     Checking all 76,032 points took about 0.9 s of CPU a problem; most fall to a rule that one
-    or two fields decide, whatever the others are, so those are skipped before a configuration
-    is built. ``check`` still decides every point yielded, and
+    or two fields decide, whatever the others are, so with a problem those are skipped before a
+    configuration is built. ``check`` still decides every point yielded, and
     ``test_the_space_is_every_raw_point_that_check_accepts`` keeps the two equal.
     """
-    layer = problem.norm == "layer"
+    layer = problem is not None and problem.norm == "layer"
     clusters_ok = device.cc >= 90
     for t, v, r, c, s, cl, p, keep in itertools.product(
         THREADS, VECS, ROWS_PER_BLOCK, CACHES, STATS, CLUSTERS, BLOCKS_PER_SM, (False, True)
     ):
-        if _branch_refused(problem, layer, clusters_ok, t, v, r, c, s, cl, keep):
+        if problem is not None and _branch_refused(
+            problem, layer, clusters_ok, t, v, r, c, s, cl, keep
+        ):
             continue
         if c != "bulk":
             for m in MAX_REGS:
                 # A register cap applies to 16-bit rows on the vector grid at cluster 1 only
                 # (rules_registers.max_regs_reasons).
-                if m and (problem.itemsize == 4 or cl > 1 or problem.hidden % v):
+                if problem is not None and m and (
+                    problem.itemsize == 4 or cl > 1 or problem.hidden % v
+                ):
                     continue
                 yield KernelConfig(t, v, r, c, s, cl, p, 0, m, keep_x=keep)
         elif s == "two_pass" and p == 0:
