@@ -21,7 +21,13 @@ from autonorm import __version__
 from autonorm.cli_db import db as db_commands
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
 from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
-from autonorm.cli_problem import DEFAULT_OP, backward_ops, build_problem, problem_options
+from autonorm.cli_problem import (
+    DEFAULT_OP,
+    RESIDUAL_DTYPE_OPTION,
+    backward_ops,
+    build_problem,
+    problem_options,
+)
 from autonorm.errors import ConfigError
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import (
@@ -69,6 +75,7 @@ def _quiet_optuna() -> None:
 
 @main.command()
 @tune_options
+@RESIDUAL_DTYPE_OPTION
 @click.option("--trials", type=click.IntRange(min=1), default=40, show_default=True,
               help="Candidates to measure (verified and timed), per shape.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), callback=finite,
@@ -83,8 +90,9 @@ def _quiet_optuna() -> None:
                    "the GPUs share them round-robin).")
 def tune(
     no_weight: bool, no_bias: bool, weight_offset: bool, residual: bool | None,
-    configs: tuple[str, ...], budget: float | None, force: bool, trials: int, timeout: float,
-    seed: int, storage: str | None, workers: int, backward: bool, **lists: Any,
+    residual_dtype: str | None, configs: tuple[str, ...], budget: float | None, force: bool,
+    trials: int, timeout: float, seed: int, storage: str | None, workers: int, backward: bool,
+    **lists: Any,
 ) -> None:
     """Tune shapes on this GPU and store the winners.
 
@@ -118,6 +126,9 @@ def tune(
     if configs or max(map(len, flat.values())) > 1:
         from autonorm.cli_plan import run_plan
 
+        if residual_dtype is not None:
+            raise click.UsageError("--residual-dtype tunes one shape at a time: give one "
+                                   "--op, --hidden and --dtype, and no --config")
         try:
             run_plan(**flat, **flags, residual=residual, configs=configs, default_op=DEFAULT_OP,
                      default_rows=_default_rows, trials=trials, timeout=timeout, seed=seed,
@@ -126,13 +137,14 @@ def tune(
             _forget_dispatched_kernels()
         return
     _tune_one((flat["ops"] or (DEFAULT_OP,))[0], flat["hiddens"][0],
-              (flat["dtypes"] or ("bfloat16",))[0], {**flags, "residual": bool(residual)},
+              (flat["dtypes"] or ("bfloat16",))[0],
+              {**flags, "residual": bool(residual), "residual_dtype": residual_dtype},
               (flat["rows"] or (None,))[0], trials,
               timeout if budget is None else min(timeout, budget), seed, storage, workers)
 
 
 def _tune_one(
-    op: str, hidden: int, dtype: str, flags: dict[str, bool], rows: int | None,
+    op: str, hidden: int, dtype: str, flags: dict[str, Any], rows: int | None,
     trials: int, timeout: float, seed: int, storage: str | None, workers: int,
 ) -> None:
     """Tune one shape and print its winner (``autonorm tune --hidden N``)."""
@@ -250,8 +262,8 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory to write the .cu, .h and .json into.")
 def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
-           weight_offset: bool, residual: bool, rows: int | None, arch: int | None,
-           out_dir: Path) -> None:
+           weight_offset: bool, residual: bool, residual_dtype: str | None, rows: int | None,
+           arch: int | None, out_dir: Path) -> None:
     """Write a tuned kernel as standalone CUDA with a host launcher.
 
     The winner comes from your tuning database, then the shipped one; without one, the
@@ -262,7 +274,8 @@ def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
     from autonorm.cli_show import describe_export
 
     problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
-                            weight_offset=weight_offset, residual=residual)
+                            weight_offset=weight_offset, residual=residual,
+                            residual_dtype=residual_dtype)
     try:
         paths = export_mod.export_tuned(problem, out_dir, rows=rows, arch=arch)
     except ConfigError as exc:
@@ -311,7 +324,8 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
 @click.option("--keep-x/--no-keep-x", default=None,
               help="hint x's loads to stay in L2 (evict_last)")
 def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
-           weight_offset: bool, residual: bool, config_json: str | None, **fields: Any) -> None:
+           weight_offset: bool, residual: bool, residual_dtype: str | None,
+           config_json: str | None, **fields: Any) -> None:
     """Print the CUDA source of one configuration.
 
     Fields not given come from the family's default configuration. The field options
@@ -321,7 +335,8 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
     from autonorm.runtime.limits import H200
 
     problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
-                            weight_offset=weight_offset, residual=residual)
+                            weight_offset=weight_offset, residual=residual,
+                            residual_dtype=residual_dtype)
     family = registry.get(op)
     chosen = {k: (v if k in ("cache", "stats", "keep_x") else int(v))
               for k, v in fields.items() if v is not None}

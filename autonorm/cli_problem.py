@@ -29,6 +29,14 @@ FLAGS: dict[str, tuple[str, bool, str]] = {
 }
 
 
+# The residual's and h's dtype with --residual: fp32 beside 16-bit x keeps a float32 residual
+# stream (default: x's dtype).
+RESIDUAL_DTYPE_OPTION = click.option(
+    "--residual-dtype", type=DTYPE, default=None,
+    help="dtype of the residual and of h with --residual: fp32 beside a 16-bit --dtype keeps "
+         "a float32 residual stream (default: --dtype).")
+
+
 def problem_fields(op: str) -> frozenset[str] | None:
     """Return the field names of ``op``'s problem, or None where the family does not say."""
     problem_type = getattr(registry.get(op), "problem_type", None)
@@ -74,7 +82,7 @@ def flag_fields(op: str, *, no_weight: bool = False, no_bias: bool = False,
 
 def build_problem(op: str, hidden: int, dtype: str, *, no_weight: bool = False,
                   no_bias: bool = False, weight_offset: bool = False,
-                  residual: bool = False) -> Problem:
+                  residual: bool = False, residual_dtype: str | None = None) -> Problem:
     """Build the problem of ``op`` from the shape options.
 
     Raises:
@@ -83,8 +91,13 @@ def build_problem(op: str, hidden: int, dtype: str, *, no_weight: bool = False,
 
     """
     fields: dict[str, Any] = {"hidden": hidden, "dtype": dtype}
-    flags = flag_fields(op, no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
-                        residual=residual)
+    flags: dict[str, Any] = flag_fields(
+        op, no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset, residual=residual)
+    if residual_dtype is not None:
+        if not residual:
+            raise click.UsageError("--residual-dtype is the dtype of the residual add's h: it "
+                                   "needs --residual")
+        flags["residual_dtype"] = residual_dtype
     try:
         return registry.get(op).problem(**fields, **flags)
     except TypeError:
@@ -115,6 +128,7 @@ def problem_options(func: Any) -> Any:
         click.option("--residual", is_flag=True,
                      help="Add a residual first and normalize the sum, which the kernel stores "
                           "too."),
+        RESIDUAL_DTYPE_OPTION,
     ]
     for option in reversed(options):
         func = option(func)

@@ -112,8 +112,10 @@ class LayerNormFamily:
         through other caches) lend their winners across hidden sizes less than
         :data:`NEIGHBOUR_MAX_RATIO` apart; the distance is the ratio's log2 (octaves).
         """
-        same = (problem.dtype, problem.has_weight, problem.has_bias, problem.residual)
-        if (other.dtype, other.has_weight, other.has_bias, other.residual) != same:
+        same = (problem.dtype, problem.has_weight, problem.has_bias, problem.residual,
+                problem.residual_dtype)
+        if (other.dtype, other.has_weight, other.has_bias, other.residual,
+                other.residual_dtype) != same:
             return None
         distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
         return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
@@ -136,11 +138,11 @@ class LayerNormFamily:
         """Return the fewest bytes a launch moves.
 
         x is read and y written once (with the residual add, the residual read and h written
-        once too), and weight and bias read once.
+        once too, in h's dtype), and weight and bias read once.
         """
         affine = int(problem.has_weight) + int(problem.has_bias)
-        rows_moved = (4 if problem.residual else 2) * rows
-        return (rows_moved + affine) * problem.hidden * problem.itemsize
+        row_bytes = 2 * problem.itemsize + (2 * problem.h_itemsize if problem.residual else 0)
+        return (rows * row_bytes + affine * problem.itemsize) * problem.hidden
 
     def kernel_abi(self, kernel: Any) -> KernelABI:
         """Return ``kernel``'s parameters: :data:`RESIDUAL_ABI` with the residual add, else ours."""

@@ -49,6 +49,8 @@ def default_basename(problem: Problem) -> str:
         name += "_noweight"
     if not problem.has_bias:
         name += "_nobias"
+    if problem.wide_residual:
+        name += "_f32res"
     return name
 
 
@@ -148,9 +150,24 @@ def launcher_parameters(problem: RowProblem) -> list[tuple[str, str]]:
     """
     ctype = CTYPES[problem.dtype]
     inputs, outputs = _pointers(problem)
-    return [(f"const {ctype}*", "x"), *((f"const {ctype}*", n) for n in inputs),
-            *((f"{ctype}*", n) for n in outputs), ("int", "rows"), ("float", "eps"),
+    types = _pointer_types(problem)
+    return [(f"const {ctype}*", "x"), *((f"const {types[n]}*", n) for n in inputs),
+            *((f"{types[n]}*", n) for n in outputs), ("int", "rows"), ("float", "eps"),
             ("cudaStream_t", "stream")]
+
+
+def _pointer_types(problem: RowProblem) -> dict[str, str]:
+    """The C element type of each pointer parameter: the residual's and h's are h's dtype."""
+    inputs, outputs = _pointers(problem)
+    ctype, htype = CTYPES[problem.dtype], CTYPES[problem.h_dtype]
+    return {n: htype if n in ("residual", "h") else ctype for n in ["x", *inputs, *outputs]}
+
+
+def _h_stored(problem: RowProblem) -> str:
+    """How the header says h is stored: rounded to the dtype, or kept as a float32 sum."""
+    if problem.wide_residual:
+        return "in float32 (residual and h are float32) and stored"
+    return f"rounded to {problem.dtype} and stored"
 
 
 def _kernel_args(problem: RowProblem) -> list[str]:
@@ -205,6 +222,8 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "kernel_source": kernel.source,
         "dtype": problem.dtype,
         "ctype": CTYPES[problem.dtype],
+        "ptypes": _pointer_types(problem),
+        "h_stored": _h_stored(problem),
         "hidden": problem.hidden,
         "has_weight": problem.has_weight,
         "has_bias": problem.has_bias,

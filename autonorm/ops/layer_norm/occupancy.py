@@ -104,6 +104,11 @@ def bulk_blocks(
         with_weights += 32
     if problem.residual:  # 16-bit 16384, t512, 4 vectors, at the 64-register cap: 8-16 B spilled
         with_weights += 8
+    if problem.wide_residual:
+        # A float32 vector of the stage is two 16-byte loads: bf16 65536, t128 c8, 8 vectors
+        # with weights in registers spilled 96 B at 128 registers.
+        base += 4 * iters
+        with_weights += 4 * iters
 
     def fits(need: int, blocks: int) -> bool:
         # 8 registers of margin, allocation in units of 8, and registers split per scheduler

@@ -123,15 +123,18 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
     smem = launch_smem_bytes(config, shape)
     stages = stage_bytes(config, shape) if bulk else 0
     if bulk and problem.residual:
-        # The residual's tiles are staged beside x's.
-        smem += stages
-        stages *= 2
+        # The residual's tiles are staged beside x's (twice their bytes when float32 beside
+        # 16-bit x).
+        residual_stages = stages * problem.h_itemsize // problem.itemsize
+        smem += residual_stages
+        stages += residual_stages
     prefetch = prefetches(config)
     registers = estimate_registers(config, shape, 2 if prefetch else 1)
     capped = capped_blocks(config, device)
     sixteen_bit = problem.itemsize == 2
     elems = shape.iters * config.vec  # elements a thread holds of a row
-    fp32_tile = bulk and sixteen_bit and elems <= FP32_TILE_MAX
+    # A wide residual's h is float32 already, in its stage or row cache.
+    fp32_tile = bulk and sixteen_bit and elems <= FP32_TILE_MAX and not problem.wide_residual
     if bulk:
         uncapped, wreg = bulk_blocks(config, problem, shape, smem, device)
         min_blocks = uncapped
@@ -161,7 +164,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
             shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual)),
         prefetch=prefetch,
         async_fill=async_fill,
-        fp32_row=config.cache == "registers" and sixteen_bit and elems <= FP32_ROW_MAX,
+        fp32_row=(config.cache == "registers" and sixteen_bit and elems <= FP32_ROW_MAX
+                  and not problem.wide_residual),
         fp32_tile=fp32_tile,
         fused_passes=fuses_passes(config, problem),
         unrolled_store=(

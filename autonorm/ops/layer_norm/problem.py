@@ -19,11 +19,17 @@ class RowProblem:
     hidden: int
     dtype: str
 
+    residual: bool
+    # float32 beside 16-bit x where the residual add keeps a wide h; problems without the
+    # field (the backward's) inherit None.
+    residual_dtype: str | None = None
+
     def __post_init__(self) -> None:
         # Each problem's dataclass __init__ calls it: "bf16" becomes "bfloat16", hidden 0 an error.
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if not isinstance(self.hidden, int) or self.hidden < 1:
             raise ValueError(f"hidden size must be a positive integer, got {self.hidden!r}")
+        self._check_residual_dtype()
 
     @property
     def itemsize(self) -> int:
@@ -35,9 +41,42 @@ class RowProblem:
         """Widest vector (elements): a 16-byte access.
 
         Rows whose length it does not divide are read skewed: 16-byte accesses for every whole
-        vector of a row and narrow ones at its two ends (docs/kernels.md).
+        vector of a row and narrow ones at its two ends (docs/kernels.md). A float32 residual
+        takes no skewed rows, so its widest vector is the widest that divides the hidden size.
         """
-        return 16 // self.itemsize
+        return self.aligned_vec if self.wide_residual else 16 // self.itemsize
+
+    @property
+    def h_dtype(self) -> str:
+        """The dtype of the residual read and of h written: ``residual_dtype`` or the dtype."""
+        return self.residual_dtype or self.dtype
+
+    @property
+    def h_itemsize(self) -> int:
+        """Bytes per element of the residual and of h."""
+        return ITEMSIZE[self.h_dtype]
+
+    @property
+    def wide_residual(self) -> bool:
+        """True when the residual and h are float32 beside 16-bit x and y (``residual_dtype``)."""
+        return self.residual_dtype is not None
+
+    def _check_residual_dtype(self) -> None:
+        """Normalize ``residual_dtype``: None when it is the dtype, float32 beside 16-bit x only."""
+        rd = self.residual_dtype
+        if rd is None:
+            return
+        rd = normalize_dtype(rd)
+        if rd == self.dtype:
+            object.__setattr__(self, "residual_dtype", None)
+            return
+        if not self.residual:
+            raise ValueError("residual_dtype is the dtype of the residual add's h: it needs "
+                             "residual=True")
+        if rd != "float32":
+            raise ValueError(f"residual_dtype must be float32 or x's dtype ({self.dtype}), got "
+                             f"{rd}")
+        object.__setattr__(self, "residual_dtype", rd)
 
     @property
     def aligned_vec(self) -> int:
@@ -53,7 +92,9 @@ class Problem(RowProblem):
     """What is normalized: rows of ``hidden`` elements of ``dtype`` (x, y, weight and bias).
 
     With ``residual``, the kernel first adds a residual row of the same dtype, ``h = x +
-    residual`` rounded to the dtype, stores ``h`` and normalizes it (``add_layer_norm``).
+    residual`` rounded to the dtype, stores ``h`` and normalizes it (``add_layer_norm``). With
+    ``residual_dtype`` float32 beside 16-bit x, the residual is read and h stored in float32,
+    and h is normalized as its float32 sum (a mixed-precision residual stream).
     """
 
     hidden: int
@@ -61,6 +102,7 @@ class Problem(RowProblem):
     has_weight: bool = True
     has_bias: bool = True
     residual: bool = False
+    residual_dtype: str | None = None
 
     op: ClassVar[str] = "layer_norm"
     norm: ClassVar[str] = "layer"  # the statistic: mean and variance
@@ -73,6 +115,8 @@ class Problem(RowProblem):
         # The residual flag only where set: a plain problem's repr, which kernel names hash,
         # stays what it always was.
         add = ", residual=True" if self.residual else ""
+        if self.residual_dtype:
+            add += f", residual_dtype={self.residual_dtype!r}"
         return (f"Problem(hidden={self.hidden!r}, dtype={self.dtype!r}, "
                 f"has_weight={self.has_weight!r}, has_bias={self.has_bias!r}{add})")
 
@@ -85,6 +129,8 @@ class Problem(RowProblem):
         # Only where set: the keys of the problems without it stay what they always were.
         if self.residual:
             fields["residual"] = True
+        if self.residual_dtype:
+            fields["residual_dtype"] = self.residual_dtype
         return fields
 
     def reference(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
@@ -97,6 +143,13 @@ class Problem(RowProblem):
         """Return e.g. ``bfloat16 hidden 4096 (weight, bias)``."""
         flags = (("weight", self.has_weight), ("bias", self.has_bias))
         affine = [name for name, on in flags if on]
-        add = "residual + " if self.residual else ""
+        add = _residual_text(self)
         affine_text = ", ".join(affine) or "no weight or bias"
         return f"{add}{self.dtype} hidden {self.hidden} ({affine_text})"
+
+
+def _residual_text(problem: RowProblem) -> str:
+    """``residual + `` (``float32 residual + `` for a wide one), or nothing without the add."""
+    if not problem.residual:
+        return ""
+    return f"{problem.residual_dtype} residual + " if problem.residual_dtype else "residual + "

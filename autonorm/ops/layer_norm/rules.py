@@ -186,7 +186,8 @@ def _residual_reasons(plan: Plan) -> list[str]:
     The register and shared-memory caches take ``h = x + residual`` as they are filled, the
     bulk-copy kernel as it takes its tile (staged beside the residual's) from shared memory;
     each stores h once and normalizes it. The uncached kernel would re-read both inputs in every
-    pass, and a prefetching one holds the next row's x but not its residual.
+    pass, and a prefetching one holds the next row's x but not its residual. A float32 residual
+    beside 16-bit x (``residual_dtype``) takes rows whose vectors are whole.
     """
     config = plan.config
     if not plan.problem.residual:
@@ -198,6 +199,10 @@ def _residual_reasons(plan: Plan) -> list[str]:
     elif plan.prefetch:
         reasons.append("the residual add does not prefetch: use blocks_per_sm 0 with a "
                        "register cache")
+    if plan.problem.wide_residual and plan.shape.skewed:
+        # The skewed rows' partial vectors and pads are written for T's vectors only.
+        reasons.append(f"a float32 residual takes rows on the vector grid: vec {config.vec} "
+                       f"does not divide hidden {plan.problem.hidden}")
     return reasons
 
 

@@ -65,10 +65,13 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     head = skew_max(problem.hidden, config.vec)
     vectors = span_vectors(segment, head, config.vec)
     iters = math.ceil(vectors / tpr)
-    vec_bytes = config.vec * problem.itemsize
+    # A row cache holds h with the residual add: float32 beside 16-bit x with a wide residual.
+    # The bulk kernel's stages hold x (the residual's are sized by the plan).
+    itemsize = problem.itemsize if config.cache == "bulk" else problem.h_itemsize
+    vec_bytes = config.vec * itemsize
     cache_regs = iters * math.ceil(vec_bytes / 4)
     row_elements = vectors * config.vec if head else segment
-    smem = config.rows_per_block * row_elements * problem.itemsize
+    smem = config.rows_per_block * row_elements * itemsize
     return Shape(segment, tpr, iters, cache_regs, smem, config.vec, head)
 
 

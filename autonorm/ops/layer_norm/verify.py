@@ -113,7 +113,8 @@ def verify(
         y = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)  # NaN + a guard row
         grid = kernel.plan.cluster if case.small_grid else None
         if problem.residual:
-            x, h_ref = _launch_residual(kernel, case, dtype, w, b, y, eps, grid, xp, result)
+            x, h_ref = _launch_residual(kernel, case, dtype, w, b, y, eps, grid, xp, result,
+                                        problem.residual_dtype)
         else:
             kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
             if hasattr(xp, "cuda"):
@@ -143,7 +144,7 @@ def verify(
 
 def _launch_residual(
     kernel: Launchable, case: Case, dtype: str, w: Any, b: Any, y: Any, eps: float,
-    grid: int | None, xp: Any, result: VerifyResult,
+    grid: int | None, xp: Any, result: VerifyResult, h_dtype: str | None = None,
 ) -> tuple[Any, Any]:
     """Launch a residual add on ``case``: x is split into a residual half and the rest.
 
@@ -153,22 +154,26 @@ def _launch_residual(
     float64 values of the expected h, which the reference normalizes.
     """
     rows, n = case.x.shape
-    residual = from_float64(xp.asarray(0.5 * case.x[::-1].copy()), dtype)  # other rows' halves
-    part = from_float64(xp.asarray(case.x) - to_float64(residual, dtype), dtype)
-    bits = y.dtype
-    h = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)
+    # h's dtype: x's, or float32 for a wide residual (read and stored as float32).
+    hdt = h_dtype or dtype
+    residual = from_float64(xp.asarray(0.5 * case.x[::-1].copy()), hdt)  # other rows' halves
+    part = from_float64(xp.asarray(case.x) - to_float64(residual, hdt), dtype)
+    bits = getattr(xp, _BITS[hdt])
+    h = xp.full((rows + 1, n), _POISON[hdt], dtype=bits)
     kernel.launch_arrays(part, residual, w, b, y, h, rows, eps, grid=grid)
     if hasattr(xp, "cuda"):
         xp.cuda.get_current_stream().synchronize()
-    if bool((h[rows] != _POISON[dtype]).any()):
+    if bool((h[rows] != _POISON[hdt]).any()):
         result.failures.append(f"{case.name}: wrote h past the last row")
-    expected = from_float64(to_float64(part, dtype) + to_float64(residual, dtype), dtype)
+    # Float64 holds every sum of two float32 (or 16-bit) values exactly, so rounding it once to
+    # h's dtype gives the correctly rounded sum the kernel's fp32 add must store.
+    expected = from_float64(to_float64(part, dtype) + to_float64(residual, hdt), hdt)
     expected_bits = expected.view(bits)
     if not bool((h[:rows] == expected_bits).all()):
         wrong = int((h[:rows] != expected_bits).sum())
         result.failures.append(f"{case.name}: h differs from x + residual rounded in {wrong} "
                                "elements")
-    return part, to_float64(expected, dtype)
+    return part, to_float64(expected, hdt)
 
 
 def _output(out_bits: Any, dtype: str, xp: Any) -> Any:

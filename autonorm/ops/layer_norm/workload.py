@@ -54,7 +54,8 @@ class LayerNormWorkload:
         self.rows = rows
         self.nbytes = nbytes
         # x and y, and with the residual add its input and h
-        per_set = (4 if problem.residual else 2) * rows * problem.hidden * problem.itemsize
+        per_set = rows * problem.hidden * (
+            2 * problem.itemsize + (2 * problem.h_itemsize if problem.residual else 0))
         self.n_sets = rotation_count(per_set, query_device(device_id).l2_bytes)
         # One tile counter for every launch here, graph-captured ones too (the bulk kernel's
         # dynamic schedule, as dispatch runs it): these launches never overlap.
@@ -67,9 +68,9 @@ class LayerNormWorkload:
             self._ys = [cupy.empty_like(x0) for _ in range(self.n_sets)]
             if problem.residual:
                 r0 = cupy.asarray(from_float64(rng.standard_normal((rows, problem.hidden)),
-                                               problem.dtype))
+                                               problem.h_dtype))
                 self._rs = [cupy.roll(r0, k, axis=0) for k in range(self.n_sets)]
-                self._hs = [cupy.empty_like(x0) for _ in range(self.n_sets)]
+                self._hs = [cupy.empty_like(r0) for _ in range(self.n_sets)]
             w = from_float64(1.0 + 0.1 * rng.standard_normal(problem.hidden), problem.dtype)
             b = from_float64(0.1 * rng.standard_normal(problem.hidden), problem.dtype)
             self._w = cupy.asarray(w) if problem.has_weight else None

@@ -38,8 +38,10 @@ class RMSNormFamily(LayerNormFamily):
         bytes, through other caches) lend their winners across hidden sizes less than
         :data:`~autonorm.ops.layer_norm.family.NEIGHBOUR_MAX_RATIO` apart.
         """
-        same = (problem.dtype, problem.has_weight, problem.weight_offset, problem.residual)
-        if (other.dtype, other.has_weight, other.weight_offset, other.residual) != same:
+        same = (problem.dtype, problem.has_weight, problem.weight_offset, problem.residual,
+                problem.residual_dtype)
+        if (other.dtype, other.has_weight, other.weight_offset, other.residual,
+                other.residual_dtype) != same:
             return None
         distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
         return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
@@ -53,6 +55,8 @@ class RMSNormFamily(LayerNormFamily):
             name += "_noweight"
         elif problem.weight_offset:
             name += "_offset"
+        if problem.wide_residual:
+            name += "_f32res"
         return name
 
 

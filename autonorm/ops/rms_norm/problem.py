@@ -5,17 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autonorm.ops.layer_norm.problem import RowProblem
+from autonorm.ops.layer_norm.problem import RowProblem, _residual_text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Problem(RowProblem):
     """Rows of ``hidden`` elements of ``dtype``, scaled by their root mean square.
 
     ``y = x / sqrt(mean(x^2) + eps) * w``, with ``w`` the weight, ``1 + weight`` where
     ``weight_offset`` (Gemma's form: a weight stored as its offset from one), or one without a
     weight. RMSNorm has no bias. With ``residual``, the kernel first adds a residual row of the
-    same dtype, ``h = x + residual`` rounded to the dtype, stores ``h`` and normalizes it.
+    same dtype, ``h = x + residual`` rounded to the dtype, stores ``h`` and normalizes it; with
+    ``residual_dtype`` float32 beside 16-bit x, the residual and h are float32 (h unrounded).
     """
 
     hidden: int
@@ -23,6 +24,7 @@ class Problem(RowProblem):
     has_weight: bool = True
     weight_offset: bool = False
     residual: bool = False
+    residual_dtype: str | None = None
 
     op: ClassVar[str] = "rms_norm"
     norm: ClassVar[str] = "rms"  # the statistic: the mean of squares
@@ -36,13 +38,24 @@ class Problem(RowProblem):
         if self.weight_offset and not self.has_weight:
             raise ValueError("weight_offset scales by 1 + weight: it needs a weight")
 
+    def __repr__(self) -> str:
+        # residual_dtype only where set: the repr of every other problem, which kernel names
+        # hash, stays what the dataclass wrote before it existed.
+        wide = f", residual_dtype={self.residual_dtype!r}" if self.residual_dtype else ""
+        return (f"Problem(hidden={self.hidden!r}, dtype={self.dtype!r}, "
+                f"has_weight={self.has_weight!r}, weight_offset={self.weight_offset!r}, "
+                f"residual={self.residual!r}{wide})")
+
     def fields(self) -> dict[str, Any]:
         """Return the fields that identify the problem (the tuning DB's problem column)."""
-        return {
+        fields: dict[str, Any] = {
             "hidden": self.hidden, "dtype": self.dtype,
             "has_weight": self.has_weight, "weight_offset": self.weight_offset,
             "residual": self.residual,
         }
+        if self.residual_dtype:  # only where set: other problems' keys stay as they were
+            fields["residual_dtype"] = self.residual_dtype
+        return fields
 
     def reference(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
         """Return the float64 RMSNorm of float64 ``x`` (``bias`` must be None: there is none)."""
@@ -58,5 +71,4 @@ class Problem(RowProblem):
             scale = "no weight"
         else:
             scale = "1 + weight" if self.weight_offset else "weight"
-        add = "residual + " if self.residual else ""
-        return f"{add}{self.dtype} hidden {self.hidden} ({scale})"
+        return f"{_residual_text(self)}{self.dtype} hidden {self.hidden} ({scale})"
