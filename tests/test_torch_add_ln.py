@@ -116,9 +116,11 @@ def test_the_ops_are_registered_with_their_schemas():
 
 def test_the_public_signature():
     params = inspect.signature(at.add_layer_norm).parameters
-    assert list(params) == ["x", "residual", "weight", "bias", "eps", "in_place"]
+    assert list(params) == ["x", "residual", "weight", "bias", "eps", "in_place",
+                            "residual_dtype"]
     assert params["eps"].default == 1e-5 and params["weight"].default is None
     assert params["in_place"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["residual_dtype"].kind is inspect.Parameter.KEYWORD_ONLY
     assert "add_layer_norm" in at.__all__
 
 
@@ -157,7 +159,7 @@ def test_fake_tensors_get_shapes_and_trace_time_errors():
         with pytest.raises(ShapeError, match="^bias must be 1-D"):
             torch.ops.autonorm.add_layer_norm(x, r, w, w[:3], 1e-5)
         with pytest.raises(UnsupportedDtypeError, match="^residual has dtype"):
-            torch.ops.autonorm.fused_add_layer_norm_(x, r.float(), w, None, 1e-5)
+            torch.ops.autonorm.fused_add_layer_norm_(x, r.half(), w, None, 1e-5)
 
 
 # --------------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_fake_tensors_get_shapes_and_trace_time_errors():
         with pytest.raises(ShapeError, match="^residual must have x's shape"):
             torch.ops.autonorm.add_rms_norm(x, r[:1], w, 1e-6, False)
         with pytest.raises(UnsupportedDtypeError, match="^residual has dtype"):
-            torch.ops.autonorm.fused_add_rms_norm_(x, r.float(), w, 1e-6, False)
+            torch.ops.autonorm.fused_add_rms_norm_(x, r.half(), w, 1e-6, False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,8 +24,9 @@ class FusedAddRMSNorm(nn.Module):
     """``h = x + residual`` and ``y = rms_norm(h) * w`` in one kernel: ``forward`` gives (y, h).
 
     The usual pre-norm block, ``residual = x + residual; x = norm(residual)``, becomes
-    ``x, residual = norm(x, residual)``. ``h`` is rounded to the dtype once and ``y`` is the
-    norm of exactly that ``h`` (:func:`autonorm.torch.add_rms_norm`).
+    ``x, residual = norm(x, residual)``. ``h`` is rounded to the residual's dtype once and
+    ``y`` is the norm of exactly that ``h`` in x's dtype (:func:`autonorm.torch.add_rms_norm`):
+    a float32 residual beside 16-bit x keeps the residual stream, h, in float32.
 
     Args:
         hidden_size: size of the last dimension.

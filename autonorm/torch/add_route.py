@@ -6,7 +6,8 @@ forwards and routes calls to them: through the functional op where tracing, auto
 subclass or a dispatch mode needs it, straight to the CUDA forward in eager inference; the
 in-place form refuses gradients, bumps version counters after a kernel writes behind autograd's
 back, and checks that x and residual do not overlap (in the forwards). :func:`add_backward` turns
-a norm's gradients into those of x and residual.
+a norm's gradients into those of x and residual. :func:`residual_for` applies ``residual_dtype``
+before the ops: the residual tensor's dtype is h's inside them, so their schemas need no dtype.
 """
 
 from __future__ import annotations
@@ -17,11 +18,19 @@ from typing import Any
 import torch
 
 from autonorm.errors import InputError
-from autonorm.torch.checks import as_float, check_tensors
+from autonorm.residual_dtype import resolve_h_dtype
+from autonorm.torch.checks import DTYPE_NAMES, as_float, check_residual, check_tensors
 from autonorm.torch.custom_op import any_autocast, apply_autocast, dispatch_modes
 from autonorm.torch.residual_forward import add_in_place_reference
 
-__all__ = ["AddNorm", "add_backward", "autocast_add", "kernel_serves", "split_sum_grad"]
+__all__ = [
+    "AddNorm",
+    "add_backward",
+    "autocast_add",
+    "kernel_serves",
+    "residual_for",
+    "split_sum_grad",
+]
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -189,6 +198,30 @@ def autocast_add(
     return x, residual, weight, bias
 
 
+def residual_for(
+    x: object, residual: object, residual_dtype: object, in_place: bool
+) -> torch.Tensor:
+    """Return the residual the ops take for ``residual_dtype``: its dtype is h's.
+
+    A 16-bit residual asked for a float32 h is converted to float32 here, in torch's ops (an
+    extra pass; autograd and ``torch.compile`` see the conversion), so the ops keep one schema
+    and derive h's dtype from the residual's.
+
+    Raises:
+        autonorm.errors.InputError: x or residual is no tensor, the residual is not x's shape,
+            dtype (or float32 beside a 16-bit x) or device, or ``residual_dtype`` is refused
+            (:func:`autonorm.residual_dtype.resolve_h_dtype`).
+
+    """
+    check_tensors(x, residual)
+    if x.dtype not in DTYPE_NAMES:
+        return residual  # the ops' validation names x's dtype
+    check_residual(x, residual)
+    have = DTYPE_NAMES[residual.dtype]
+    want = resolve_h_dtype(DTYPE_NAMES[x.dtype], have, residual_dtype, in_place)
+    return residual if want == have else residual.float()
+
+
 def add_backward(
     h: torch.Tensor,
     grad_y: torch.Tensor | None,
@@ -196,6 +229,7 @@ def add_backward(
     needs_x: bool,
     needs_r: bool,
     norm_grads: Callable[[torch.Tensor, bool], tuple],
+    x_dtype: torch.dtype | None = None,
 ) -> tuple:
     """Gradients of (y, h) for x, residual and the norm's parameters.
 
@@ -203,6 +237,8 @@ def add_backward(
     gradient; the rounding of the sum passes gradients straight through, as torch's add does.
     ``norm_grads(grad_y, needs_h)`` returns the norm's input gradient in float32 (None where not
     needed) followed by its parameters' gradients, which are returned after x's and residual's.
+    The residual's gradient is in h's dtype (the residual's), x's in ``x_dtype`` (None: h's),
+    each rounded once from float32.
     """
     if grad_y is None:  # only where autograd does not materialize unused outputs' gradients
         grad_y = torch.zeros_like(h)
@@ -212,7 +248,13 @@ def add_backward(
     if needs_h:
         if grad_h is not None:
             grad_hf = grad_hf + grad_h.float()
-        grad_x, grad_r = split_sum_grad(grad_hf.to(h.dtype), needs_x, needs_r)
+        if x_dtype is None or x_dtype == h.dtype:
+            grad_x, grad_r = split_sum_grad(grad_hf.to(h.dtype), needs_x, needs_r)
+        else:
+            # A float32 residual beside 16-bit x: each gradient in its input's dtype; the
+            # conversion makes x's a tensor of its own.
+            grad_x = grad_hf.to(x_dtype) if needs_x else None
+            grad_r = grad_hf.to(h.dtype) if needs_r else None
     return (grad_x, grad_r, *param_grads)
 
 

@@ -18,6 +18,8 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
 }
+# The dtypes beside which a float32 residual stream (and h) may run.
+NARROW_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def check_param(p: object, name: str, x: torch.Tensor, hidden: int) -> None:
@@ -142,12 +144,15 @@ def validate_add_ln(
 
 
 def check_residual(x: torch.Tensor, residual: object) -> None:
-    """Raise unless ``residual`` is a tensor of x's shape, dtype and device.
+    """Raise unless ``residual`` is a tensor of x's shape and device, of x's dtype or float32.
+
+    Float32 is allowed beside a 16-bit x only: a mixed-precision residual stream, whose h is
+    float32 too.
 
     Raises:
         InputError: residual is not a tensor.
         ShapeError: residual's shape is not x's.
-        UnsupportedDtypeError: residual's dtype is not x's.
+        UnsupportedDtypeError: residual's dtype is neither x's nor float32 beside a 16-bit x.
         DeviceMismatchError: residual is not on x's device.
 
     """
@@ -157,9 +162,12 @@ def check_residual(x: torch.Tensor, residual: object) -> None:
         raise ShapeError(
             f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
         )
-    if residual.dtype != x.dtype:
+    if residual.dtype != x.dtype and not (
+        residual.dtype == torch.float32 and x.dtype in NARROW_DTYPES
+    ):
         raise UnsupportedDtypeError(
-            f"residual has dtype {residual.dtype} but x has dtype {x.dtype}: they must be the same"
+            f"residual has dtype {residual.dtype} but x has dtype {x.dtype}: it must be x's "
+            "dtype, or float32 beside a 16-bit x"
         )
     if residual.device != x.device:
         raise DeviceMismatchError(f"residual is on {residual.device} but x is on {x.device}")

@@ -28,10 +28,10 @@ from autonorm.torch.checks import DTYPE_NAMES, validate, validate_rms
 _KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
 # (device index, torch dtype, hidden, has_weight, weight_offset, rows bucket) -> RMSNorm kernel.
 _RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
-# The same key -> residual add + RMSNorm kernel.
-_ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
-# A :data:`_KERNELS` key -> residual add + LayerNorm kernel.
-_ADD_LN_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int], object] = {}
+# The same key and the residual's (h's) torch dtype -> residual add + RMSNorm kernel.
+_ADD_RMS_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int, torch.dtype], object] = {}
+# A :data:`_KERNELS` key and the residual's (h's) torch dtype -> residual add + LayerNorm kernel.
+_ADD_LN_KERNELS: dict[tuple[int, torch.dtype, int, bool, bool, int, torch.dtype], object] = {}
 # (device, dtype, hidden, rms, has_weight, has_bias or weight_offset, rows bucket) -> (backward
 # kernel, its problem) (:mod:`.backward_op`).
 BACKWARD_KERNELS: dict[tuple, object] = {}
@@ -83,15 +83,24 @@ def _rms_norm_problem(key: tuple) -> RMSProblem:
 
 
 def _add_rms_norm_problem(key: tuple) -> RMSProblem:
-    """The residual-add RMSNorm problem of an :data:`_ADD_RMS_KERNELS` key."""
-    _, dtype, hidden, has_weight, weight_offset, _ = key
-    return RMSProblem(int(hidden), DTYPE_NAMES[dtype], has_weight, weight_offset, residual=True)
+    """The residual-add RMSNorm problem of an :data:`_ADD_RMS_KERNELS` key.
+
+    A residual dtype other than x's (float32 beside 16-bit x) becomes the problem's
+    ``residual_dtype``; the problem drops one equal to x's.
+    """
+    _, dtype, hidden, has_weight, weight_offset, _, residual_dtype = key
+    return RMSProblem(int(hidden), DTYPE_NAMES[dtype], has_weight, weight_offset, residual=True,
+                      residual_dtype=DTYPE_NAMES[residual_dtype])
 
 
 def _add_layer_norm_problem(key: tuple) -> Problem:
-    """The residual-add LayerNorm problem of an :data:`_ADD_LN_KERNELS` key."""
-    _, dtype, hidden, has_weight, has_bias, _ = key
-    return Problem(int(hidden), DTYPE_NAMES[dtype], has_weight, has_bias, residual=True)
+    """The residual-add LayerNorm problem of an :data:`_ADD_LN_KERNELS` key.
+
+    Its residual dtype as in :func:`_add_rms_norm_problem`.
+    """
+    _, dtype, hidden, has_weight, has_bias, _, residual_dtype = key
+    return Problem(int(hidden), DTYPE_NAMES[dtype], has_weight, has_bias, residual=True,
+                   residual_dtype=DTYPE_NAMES[residual_dtype])
 
 
 def _cached_or_fetched(

@@ -1,4 +1,7 @@
-"""The residual-add forwards: ``h = x + residual`` rounded to the dtype, then the norm of ``h``.
+"""The residual-add forwards: ``h = x + residual`` rounded to h's dtype, then the norm of ``h``.
+
+h's dtype is the residual's: x's, or float32 beside a 16-bit x (a mixed-precision residual
+stream, h the unrounded float32 sum and y the norm of it in x's dtype).
 
 :func:`forward_add_rms_cuda` (RMSNorm) and :func:`forward_add_ln_cuda` (LayerNorm) are the hot
 paths, functional (new y and h) or in place (vLLM's ``fused_add_rms_norm``: y over x, h over
@@ -16,7 +19,12 @@ from collections.abc import Callable
 import torch
 
 from autonorm.errors import InputError
-from autonorm.torch.checks import DTYPE_NAMES, validate_add_ln, validate_add_rms
+from autonorm.torch.checks import (
+    DTYPE_NAMES,
+    NARROW_DTYPES,
+    validate_add_ln,
+    validate_add_rms,
+)
 from autonorm.torch.forward import (
     _ADD_LN_KERNELS,
     _ADD_RMS_KERNELS,
@@ -99,7 +107,10 @@ def forward_add_ln_cuda(
 
 
 def _operands_fit(x: torch.Tensor, residual: object, eps: object, device_id: int) -> bool:
-    """Fast-path check of x, residual and eps; anything unusual goes to the validators."""
+    """Fast-path check of x, residual and eps; anything unusual goes to the validators.
+
+    The residual has x's dtype, or float32 beside a 16-bit x (a wide residual stream).
+    """
     dtype = x.dtype
     shape = x.shape
     return bool(
@@ -108,7 +119,8 @@ def _operands_fit(x: torch.Tensor, residual: object, eps: object, device_id: int
         and type(eps) is float
         and eps > 0
         and isinstance(residual, torch.Tensor)
-        and residual.dtype is dtype
+        and (residual.dtype is dtype
+             or (residual.dtype is torch.float32 and dtype in NARROW_DTYPES))
         and residual.shape == shape
         and residual.get_device() == device_id
     )
@@ -129,7 +141,9 @@ def _launch_add(
     """Launch a residual kernel on validated CUDA tensors: ``(y, h)``, or ``(x, residual)``.
 
     ``cache`` and ``problem_of`` are the family's (:mod:`.forward`); ``flag`` is the key's
-    fifth field, RMSNorm's weight_offset or LayerNorm's has_bias.
+    fifth field, RMSNorm's weight_offset or LayerNorm's has_bias. h has the residual's dtype,
+    which the key's last field holds (a float32 residual beside 16-bit x is a problem of its
+    own, with ``residual_dtype``).
     """
     xp = x.data_ptr()
     rp = residual.data_ptr()
@@ -152,7 +166,7 @@ def _launch_add(
             residual = aligned(residual)
             rp = residual.data_ptr()
         y = torch.empty_like(x)
-        h = torch.empty_like(x)
+        h = torch.empty_like(residual)  # contiguous now, like x; in the residual's dtype
     wp = bp = 0
     if weight is not None:
         wp = weight.data_ptr()
@@ -169,7 +183,7 @@ def _launch_add(
     if rows == 0:
         return y, h
     bucket = 1 if rows <= 1 else 1 << (rows - 1).bit_length()  # ops.base.rows_bucket, inlined
-    key = (device_id, x.dtype, hidden, weight is not None, flag, bucket)
+    key = (device_id, x.dtype, hidden, weight is not None, flag, bucket, residual.dtype)
     args = (xp, rp, wp, bp, y.data_ptr(), h.data_ptr(), rows, float(eps))
     stream = _raw_stream(device_id)
     kernel = cache.get(key)
@@ -187,10 +201,17 @@ def forward_add_rms_reference(
     eps: float,
     weight_offset: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compute the residual add and RMSNorm with torch's own ops: returns new ``(y, h)``."""
+    """Compute the residual add and RMSNorm with torch's own ops: returns new ``(y, h)``.
+
+    A float32 residual beside a 16-bit x gives a float32 h, normalized in float32 with the
+    weight in float32 and rounded once to x's dtype, as the kernel does.
+    """
     validate_add_rms(x, residual, weight, eps, weight_offset)
     h = _rounded_sum(x, residual)
-    return forward_rms_reference(h, weight, eps, weight_offset), h
+    if h.dtype is x.dtype:
+        return forward_rms_reference(h, weight, eps, weight_offset), h
+    w = None if weight is None else weight.float()
+    return forward_rms_reference(h, w, eps, weight_offset).to(x.dtype), h
 
 
 def forward_add_ln_reference(
@@ -200,19 +221,28 @@ def forward_add_ln_reference(
     bias: torch.Tensor | None,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Compute the residual add and LayerNorm with torch's own ops: returns new ``(y, h)``."""
+    """Compute the residual add and LayerNorm with torch's own ops: returns new ``(y, h)``.
+
+    A float32 residual beside a 16-bit x gives a float32 h, normalized in float32 with weight
+    and bias in float32 and rounded once to x's dtype, as the kernel does.
+    """
     validate_add_ln(x, residual, weight, bias, eps)
     h = _rounded_sum(x, residual)
-    return forward_reference(h, weight, bias, eps), h
+    if h.dtype is x.dtype:
+        return forward_reference(h, weight, bias, eps), h
+    w = None if weight is None else weight.float()
+    b = None if bias is None else bias.float()
+    return forward_reference(h, w, b, eps).to(x.dtype), h
 
 
 def _rounded_sum(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """``x + residual`` taken in float32 and rounded once to x's dtype, as the kernels do.
+    """``x + residual`` taken in float32 and rounded once to h's (the residual's) dtype.
 
     Float32 has more than twice the bits of float16 and bfloat16, so that is the correctly
-    rounded sum (for float32 inputs it is torch's own add).
+    rounded sum; for a float32 h (float32 inputs, or a float32 residual beside 16-bit x) it is
+    the float32 sum itself, as the kernels compute it.
     """
-    return (x.float() + residual.float()).to(x.dtype).contiguous()
+    return (x.float() + residual.float()).to(residual.dtype).contiguous()
 
 
 def add_in_place_reference(
