@@ -28,6 +28,7 @@ from autonorm.dtypes import DTYPES
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
 
 pytestmark = pytest.mark.gpu
 
@@ -123,6 +124,49 @@ def test_the_in_place_form_gives_the_functional_bits(compiled, dtype: str) -> No
         kernel.launch_arrays(x, r, w, b, y, h, 300, 1e-5)
         xi, ri = x.copy(), r.copy()
         kernel.launch_arrays(xi, ri, w, b, xi, ri, 300, 1e-5)
+        cupy.cuda.get_current_stream().synchronize()
+        assert bool((xi.view(cupy.uint8) == y.view(cupy.uint8)).all()), config.label()
+        assert bool((ri.view(cupy.uint8) == h.view(cupy.uint8)).all()), config.label()
+
+
+# Row kernels of several shapes: warps of one row (smem, registers), rows of a sub-warp each, a
+# row over a cluster, and a skewed row.
+IN_PLACE_ROW_KERNELS = [
+    (4096, KernelConfig(128, 8, 1, "smem", "two_pass", 1, 0)),
+    (4096, KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)),
+    (512, KernelConfig(128, 8, 8, "registers", "two_pass", 1, 0)),
+    (8192, KernelConfig(256, 8, 1, "registers", "two_pass", 2, 0)),
+    (4099, KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0)),
+]
+
+
+@pytest.mark.parametrize("residual_dtype", [None, "float32"])
+def test_in_place_row_kernels_read_the_shift_before_h_overwrites_it(
+        compiled, residual_dtype: str | None) -> None:  # noqa: F811
+    """In place, h is stored over the residual as the row is cached; the shift (h's first
+    element, read from global memory) must be read by every thread before that store."""
+    import cupy
+
+    from autonorm.numerics import from_float64
+
+    limits, rng = compiled.limits, np.random.default_rng(12)
+    for hidden, config in IN_PLACE_ROW_KERNELS:
+        problem = Problem(hidden, "bfloat16", residual=True, residual_dtype=residual_dtype)
+        if check(config, problem, limits):
+            assert residual_dtype and hidden % 8, config.label()  # only the wide skewed row
+            continue
+        kernel = compiled(FAMILY.render(config, problem, limits))
+        rows = 4
+        x = cupy.asarray(from_float64(rng.standard_normal((rows, hidden)), "bfloat16"))
+        # A residual far from zero: a shift read after the store would be off by x's element.
+        r64 = 100 + rng.standard_normal((rows, hidden))
+        r = cupy.asarray(from_float64(r64, problem.h_dtype))
+        w = cupy.asarray(from_float64(1 + 0.1 * rng.standard_normal(hidden), "bfloat16"))
+        b = cupy.asarray(from_float64(0.1 * rng.standard_normal(hidden), "bfloat16"))
+        y, h = cupy.empty_like(x), cupy.empty_like(r)
+        kernel.launch_arrays(x, r, w, b, y, h, rows, 1e-5)
+        xi, ri = x.copy(), r.copy()
+        kernel.launch_arrays(xi, ri, w, b, xi, ri, rows, 1e-5)
         cupy.cuda.get_current_stream().synchronize()
         assert bool((xi.view(cupy.uint8) == y.view(cupy.uint8)).all()), config.label()
         assert bool((ri.view(cupy.uint8) == h.view(cupy.uint8)).all()), config.label()

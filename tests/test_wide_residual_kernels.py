@@ -181,3 +181,23 @@ def test_the_command_line_renders_a_wide_kernel() -> None:
 ])
 def test_bad_residual_dtypes_get_one_line(args: list[str], expected: str) -> None:
     assert_one_error_line(*invoke(args), expected)
+
+
+@pytest.mark.parametrize("residual_dtype", [None, "float32"])
+@pytest.mark.parametrize(("config", "barrier"), [
+    (KernelConfig(128, 8, 1, "smem", "two_pass", 1, 0), "row_barrier(group);"),
+    (KernelConfig(128, 8, 8, "registers", "two_pass", 1, 0), "__syncwarp(gmask);"),
+    (KernelConfig(256, 8, 1, "registers", "two_pass", 2, 0), "cluster.sync();"),
+], ids=["warps", "sub-warp", "cluster"])
+def test_an_in_place_layernorm_row_reads_its_shift_before_storing_h(
+        config: KernelConfig, barrier: str, residual_dtype: str | None) -> None:
+    # In place h overwrites the residual's first element, which the shift is read from: the
+    # kernel waits, when h and the residual are one array, until every thread has read it.
+    problem = LayerNormProblem(512 if config.rows_per_block > 1 else 8192, "bfloat16",
+                               residual=True, residual_dtype=residual_dtype)
+    source = registry.get("layer_norm").render(config, problem, H200).source
+    shift = source.index("const float shift =")
+    guard = source.index("if ((const void*)hout == (const void*)res) {", shift)
+    wait = source.index(barrier, guard)
+    first_store = source.index("keep_sum(hr", shift)
+    assert shift < guard < wait < first_store
