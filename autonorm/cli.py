@@ -151,6 +151,7 @@ def _tune_one(
     from autonorm.cli_plan import worker_gpus
     from autonorm.runtime.device import NoGPUError, query_device
     from autonorm.tune import session
+    from autonorm.tune.interrupt import terminate_as_interrupt
     from autonorm.tune.search import TuneSettings
 
     problem = build_problem(op, hidden, dtype, **flags)
@@ -171,10 +172,11 @@ def _tune_one(
     gpus = worker_gpus(workers)
     settings = TuneSettings(n_trials=trials, timeout_s=timeout, seed=seed)
     try:
-        tuned = session.tune_and_store(
-            problem, rows, settings=settings, device=info, storage=storage, workers=workers,
-            gpus=gpus,
-        )
+        with terminate_as_interrupt():  # `kill` and `timeout` end it as Ctrl-C does
+            tuned = session.tune_and_store(
+                problem, rows, settings=settings, device=info, storage=storage,
+                workers=workers, gpus=gpus,
+            )
     except KeyboardInterrupt:
         fail("interrupted: finished trials are kept; run the same command to resume",
              INTERRUPTED)

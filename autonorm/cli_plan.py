@@ -23,6 +23,7 @@ from autonorm.ops.base import Problem
 from autonorm.results import Outcome, Timing
 from autonorm.runtime.device import DeviceInfo
 from autonorm.tune import plan
+from autonorm.tune.interrupt import terminate_as_interrupt
 from autonorm.tune.plan import Shape
 from autonorm.tune.progress import ProgressBar
 from autonorm.tune.search import TuneSettings
@@ -279,8 +280,9 @@ def run_plan(
     results: list[PlanResult] = []
     try:
         settings = TuneSettings(n_trials=trials, timeout_s=timeout, seed=seed)
-        tune_plan(shapes, problems, device, settings=settings, budget=budget, force=force,
-                  storage=storage, workers=workers, results=results, gpus=gpus)
+        with terminate_as_interrupt():  # `kill` and `timeout` end it as Ctrl-C does
+            tune_plan(shapes, problems, device, settings=settings, budget=budget, force=force,
+                      storage=storage, workers=workers, results=results, gpus=gpus)
     except KeyboardInterrupt:
         print_summary(results)
         fail("interrupted: finished shapes and trials are kept; run the same command to "

@@ -42,6 +42,7 @@ from autonorm.runtime.device import query_device
 from autonorm.runtime.limits import DeviceLimits
 from autonorm.store.db import TuningDB, TuningKey
 from autonorm.store.snapshot import write_snapshot
+from autonorm.tune.interrupt import terminate_as_interrupt
 from autonorm.tune.isolation import IsolatedEvaluator, build_gpu_evaluator
 from autonorm.tune.search import TuneSettings
 from autonorm.tune.session import TunedKernel, incumbent_of, tune_and_store
@@ -345,29 +346,31 @@ def main(argv: list[str] | None = None) -> int:
     db = TuningDB(args.db) if args.db is not None else TuningDB.open_user()
     path = db.path or settings.user_db_path()
     op = None
-    try:
-        for shape in grid(args):
-            if shape.op != op:
-                op = shape.op
-                print(f"tuning {op} on {info.name} into {path}", flush=True)
-            started = time.monotonic()
-            dtype, hidden, rows = shape.dtype, shape.hidden, shape.rows
-            problem = problem_of(shape)
-            key = TuningKey.for_problem(info.fingerprint, problem, rows)
-            if args.skip_stored and incumbent_of(db, key, problem, limits) is not None:
-                print(f"{dtype:9s} {hidden:6d} r{rows:<6d} stored already: skipped", flush=True)
-                continue
-            tuned = tune_and_store(
-                problem, rows, settings=tune_settings, device=info, storage=args.storage,
-                store=db, evaluator_factory=factory, quiet=True,
-            )
-            print(report(tuned, time.monotonic() - started), flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: finished shapes are stored; re-run to resume", file=sys.stderr)
-        return 130
-    finally:
-        db.close()
-        checkpoint(path)
+    # `kill` and `timeout` end it as Ctrl-C does: finished shapes stay stored.
+    with terminate_as_interrupt():
+        try:
+            for shape in grid(args):
+                if shape.op != op:
+                    op = shape.op
+                    print(f"tuning {op} on {info.name} into {path}", flush=True)
+                started = time.monotonic()
+                dtype, hidden, rows = shape.dtype, shape.hidden, shape.rows
+                problem = problem_of(shape)
+                key = TuningKey.for_problem(info.fingerprint, problem, rows)
+                if args.skip_stored and incumbent_of(db, key, problem, limits) is not None:
+                    print(f"{dtype:9s} {hidden:6d} r{rows:<6d} stored already: skipped", flush=True)
+                    continue
+                tuned = tune_and_store(
+                    problem, rows, settings=tune_settings, device=info, storage=args.storage,
+                    store=db, evaluator_factory=factory, quiet=True,
+                )
+                print(report(tuned, time.monotonic() - started), flush=True)
+        except KeyboardInterrupt:
+            print("interrupted: finished shapes are stored; re-run to resume", file=sys.stderr)
+            return 130
+        finally:
+            db.close()
+            checkpoint(path)
     if args.snapshot is not None:
         with TuningDB(path) as source:
             written = write_snapshot(source, args.snapshot)
