@@ -11,8 +11,9 @@ Example (the shipped grid, written to a fresh file)::
     python benchmarks/tune_grid.py --db /tmp/ship.db --dtypes bf16,fp16,fp32 --trials 16
 
 ``--ops`` picks the norms: ``layer_norm`` (the default), ``rms_norm``, ``add_rms_norm``
-(RMSNorm after the fused residual add), ``add_layer_norm`` (LayerNorm after it) and the
-backwards ``layer_norm_backward`` and ``rms_norm_backward``.
+(RMSNorm after the fused residual add), ``add_layer_norm`` (LayerNorm after it), their forms
+with a float32 residual beside 16-bit x ``add_rms_norm_f32res`` and ``add_layer_norm_f32res``,
+and the backwards ``layer_norm_backward`` and ``rms_norm_backward``.
 ``--models autonorm/tuning_db/models.json`` tunes the hidden sizes of the models listed there
 (each size once; a LayerNorm model's for the LayerNorm ops, an RMSNorm model's for the RMSNorm
 ops) at a decode and a prefill row count instead;
@@ -76,6 +77,13 @@ OPS = {
                                         "residual": True}, "rms_norm"),
     # LayerNorm after the fused residual add, with weight and bias (autonorm.add_layer_norm).
     "add_layer_norm": GridOp("layer_norm", {"residual": True}, "layer_norm"),
+    # The fused adds with a float32 residual stream beside 16-bit x (residual_dtype; no fp32
+    # shapes: a float32 x's residual is the plain add's).
+    "add_rms_norm_f32res": GridOp("rms_norm", {"has_weight": True, "weight_offset": False,
+                                               "residual": True, "residual_dtype": "float32"},
+                                  "rms_norm"),
+    "add_layer_norm_f32res": GridOp("layer_norm", {"residual": True,
+                                                   "residual_dtype": "float32"}, "layer_norm"),
     # The backwards (dx, dweight and dbias in one launch), of the forwards' plain forms.
     "layer_norm_backward": GridOp("layer_norm_backward", {}, "layer_norm"),
     "rms_norm_backward": GridOp("rms_norm_backward", {"has_weight": True,
@@ -262,6 +270,8 @@ def grid(args: argparse.Namespace) -> list[Shape]:
     keys: set[tuple[str, str, int, int]] = set()
     for op in args.op_names:
         for dtype in args.dtype_names:
+            if OPS[op].fields.get("residual_dtype") == dtype:
+                continue  # x's own dtype: the plain add's shape
             for hidden in args.hidden_sizes[op]:
                 for given in args.row_counts or [None]:
                     rows = given or max(1, args.elements // hidden)

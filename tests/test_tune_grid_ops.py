@@ -117,6 +117,20 @@ def test_add_layer_norm_tunes_layer_norm_after_the_residual_add():
     assert len(keys) == 2 and {k.op for k in keys} == {"layer_norm"}
 
 
+def test_the_float32_residual_ops_tune_16_bit_x_only():
+    grid = shapes_of(["--ops", "add_rms_norm_f32res,add_layer_norm_f32res", "--hidden", "4096"])
+    assert [(s.op, s.dtype) for s in grid] == [
+        ("add_rms_norm_f32res", "bfloat16"), ("add_rms_norm_f32res", "float16"),
+        ("add_layer_norm_f32res", "bfloat16"), ("add_layer_norm_f32res", "float16")]
+    problems = [tune_grid.problem_of(shape) for shape in grid]
+    assert all(p.residual and p.residual_dtype == "float32" for p in problems)
+    assert problems[0] == RMSNormProblem(4096, "bfloat16", residual=True,
+                                         residual_dtype="float32")
+    plain = RMSNormProblem(4096, "bfloat16", residual=True)
+    assert (TuningKey.for_problem(H200.fingerprint, problems[0], 16384)
+            != TuningKey.for_problem(H200.fingerprint, plain, 16384))
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--ops", "group_norm"], "--ops"),
     (["--ops", "rms_norm,fused"], "--ops"),

@@ -201,3 +201,22 @@ def test_an_in_place_layernorm_row_reads_its_shift_before_storing_h(
     wait = source.index(barrier, guard)
     first_store = source.index("keep_sum(hr", shift)
     assert shift < guard < wait < first_store
+
+
+@pytest.mark.skipif(offline.nvcc_path() is None, reason="needs nvcc (CI installs it)")
+@pytest.mark.parametrize("rows", [64, 4096], ids=["smem", "bulk"])
+def test_the_wide_export_compiles_with_plain_nvcc_without_warnings(tmp_path: Path,
+                                                                    rows: int) -> None:
+    import subprocess
+
+    fam = registry.get("layer_norm")
+    problem = LayerNormProblem(16384, "bfloat16", residual=True, residual_dtype="float32")
+    config = fam.default(problem, H200, rows)
+    assert config.cache == ("smem" if rows == 64 else "bulk")
+    paths = export_kernel(config, problem, tmp_path)
+    proc = subprocess.run(
+        [offline.nvcc_path(), "-arch=sm_90", "-std=c++17", "-Xcompiler", "-Wall,-Wextra", "-c",
+         paths[0].name, "-o", "exported.o"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
