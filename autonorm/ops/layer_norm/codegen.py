@@ -129,7 +129,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "RES": problem.residual,
         # A wide residual: the residual and h are float32 beside 16-bit x and y.
         "WIDE": problem.wide_residual,
-        "hctype": "float" if problem.wide_residual else dtype_names(problem.dtype)["ctype"],
+        "hctype": dtype_names(problem.h_dtype)["ctype"],
         "N": problem.hidden,
         "SEG": shape.segment,
         "NVEC": shape.vectors,

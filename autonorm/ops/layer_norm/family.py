@@ -141,8 +141,7 @@ class LayerNormFamily:
         once too, in h's dtype), and weight and bias read once.
         """
         affine = int(problem.has_weight) + int(problem.has_bias)
-        row_bytes = 2 * problem.itemsize + (2 * problem.h_itemsize if problem.residual else 0)
-        return (rows * row_bytes + affine * problem.itemsize) * problem.hidden
+        return rows * problem.row_io_bytes + affine * problem.hidden * problem.itemsize
 
     def kernel_abi(self, kernel: Any) -> KernelABI:
         """Return ``kernel``'s parameters: :data:`RESIDUAL_ABI` with the residual add, else ours."""

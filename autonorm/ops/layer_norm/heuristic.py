@@ -280,10 +280,9 @@ def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterat
     fewer stages).
     """
     vec = 16 // problem.itemsize
-    # A tile's bytes: with the residual add, the residual's row is staged beside x's (in
-    # float32 beside 16-bit x with a wide residual).
-    row_bytes = problem.hidden * (problem.itemsize + (problem.h_itemsize if problem.residual
-                                                      else 0))
+    # A tile's bytes: what a row reads, half what it moves (with the residual add, the
+    # residual's row is staged beside x's, in float32 beside 16-bit x with a wide residual).
+    row_bytes = problem.row_io_bytes // 2
     if problem.hidden % vec:
         yield from _skewed_bulk_configs(problem, device, bucket, row_bytes)
         return

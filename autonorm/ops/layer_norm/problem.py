@@ -57,6 +57,12 @@ class RowProblem:
         return ITEMSIZE[self.h_dtype]
 
     @property
+    def row_io_bytes(self) -> int:
+        """Bytes a row reads and writes once: x and y, and the residual and h with the add."""
+        h_bytes = 2 * self.h_itemsize if self.residual else 0
+        return self.hidden * (2 * self.itemsize + h_bytes)
+
+    @property
     def wide_residual(self) -> bool:
         """True when the residual and h are float32 beside 16-bit x and y (``residual_dtype``)."""
         return self.residual_dtype is not None
@@ -143,12 +149,12 @@ class Problem(RowProblem):
         """Return e.g. ``bfloat16 hidden 4096 (weight, bias)``."""
         flags = (("weight", self.has_weight), ("bias", self.has_bias))
         affine = [name for name, on in flags if on]
-        add = _residual_text(self)
+        add = describe_residual(self)
         affine_text = ", ".join(affine) or "no weight or bias"
         return f"{add}{self.dtype} hidden {self.hidden} ({affine_text})"
 
 
-def _residual_text(problem: RowProblem) -> str:
+def describe_residual(problem: RowProblem) -> str:
     """``residual + `` (``float32 residual + `` for a wide one), or nothing without the add."""
     if not problem.residual:
         return ""

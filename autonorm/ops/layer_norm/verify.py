@@ -113,8 +113,8 @@ def verify(
         y = xp.full((rows + 1, n), _POISON[dtype], dtype=bits)  # NaN + a guard row
         grid = kernel.plan.cluster if case.small_grid else None
         if problem.residual:
-            x, h_ref = _launch_residual(kernel, case, dtype, w, b, y, eps, grid, xp, result,
-                                        problem.residual_dtype)
+            x, h_ref = _launch_residual(kernel, case, dtype, problem.h_dtype, w, b, y, eps,
+                                        grid, xp, result)
         else:
             kernel.launch_arrays(x, w, b, y, rows, eps, grid=grid)
             if hasattr(xp, "cuda"):
@@ -143,8 +143,8 @@ def verify(
 
 
 def _launch_residual(
-    kernel: Launchable, case: Case, dtype: str, w: Any, b: Any, y: Any, eps: float,
-    grid: int | None, xp: Any, result: VerifyResult, h_dtype: str | None = None,
+    kernel: Launchable, case: Case, dtype: str, hdt: str, w: Any, b: Any, y: Any, eps: float,
+    grid: int | None, xp: Any, result: VerifyResult,
 ) -> tuple[Any, Any]:
     """Launch a residual add on ``case``: x is split into a residual half and the rest.
 
@@ -154,8 +154,7 @@ def _launch_residual(
     float64 values of the expected h, which the reference normalizes.
     """
     rows, n = case.x.shape
-    # h's dtype: x's, or float32 for a wide residual (read and stored as float32).
-    hdt = h_dtype or dtype
+    # hdt is h's dtype: x's, or float32 for a wide residual (read and stored as float32).
     residual = from_float64(xp.asarray(0.5 * case.x[::-1].copy()), hdt)  # other rows' halves
     part = from_float64(xp.asarray(case.x) - to_float64(residual, hdt), dtype)
     bits = getattr(xp, _BITS[hdt])

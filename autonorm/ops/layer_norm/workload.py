@@ -54,8 +54,7 @@ class LayerNormWorkload:
         self.rows = rows
         self.nbytes = nbytes
         # x and y, and with the residual add its input and h
-        per_set = rows * problem.hidden * (
-            2 * problem.itemsize + (2 * problem.h_itemsize if problem.residual else 0))
+        per_set = rows * problem.row_io_bytes
         self.n_sets = rotation_count(per_set, query_device(device_id).l2_bytes)
         # One tile counter for every launch here, graph-captured ones too (the bulk kernel's
         # dynamic schedule, as dispatch runs it): these launches never overlap.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from autonorm.ops.layer_norm.problem import RowProblem, _residual_text
+from autonorm.ops.layer_norm.problem import RowProblem, describe_residual
 
 
 @dataclass(frozen=True, repr=False)
@@ -71,4 +71,4 @@ class Problem(RowProblem):
             scale = "no weight"
         else:
             scale = "1 + weight" if self.weight_offset else "weight"
-        return f"{_residual_text(self)}{self.dtype} hidden {self.hidden} ({scale})"
+        return f"{describe_residual(self)}{self.dtype} hidden {self.hidden} ({scale})"
