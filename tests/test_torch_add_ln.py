@@ -9,8 +9,6 @@ marked ``gpu`` need a CUDA GPU, torch with CUDA and CuPy, and skip themselves ot
 from __future__ import annotations
 
 import inspect
-import sys
-import types
 
 import pytest
 
@@ -26,6 +24,7 @@ from test_torch import (  # noqa: E402  (the torch tests' shared helpers)
 )
 from test_torch_add_rms import (  # noqa: E402  (the residual-add tests' helpers)
     Block,
+    host_dispatch,
     host_tensor,
     operands,
     randomize,
@@ -489,23 +488,8 @@ class HostKernel:
 
 @pytest.fixture
 def fake_dispatch(monkeypatch):
-    """Route the forwards' lookups to a fake dispatcher; CPU tensors stand in for CUDA ones."""
-    made: list[HostKernel] = []
-
-    def get_kernel(problem, rows, device_id):
-        kernel = HostKernel(problem, rows, device_id)
-        made.append(kernel)
-        return kernel
-
-    module = types.ModuleType("autonorm.dispatch")
-    module.get_kernel = get_kernel
-    monkeypatch.setitem(sys.modules, "autonorm.dispatch", module)
-    monkeypatch.setattr(forward, "_current_device", lambda: -1)  # a CPU tensor's get_device()
-    monkeypatch.setattr(residual_forward, "_current_device", lambda: -1)
-    monkeypatch.setattr(residual_forward, "_raw_stream", lambda device_id: 0xABC0)
-    forward.clear_kernel_cache()
-    yield made
-    forward.clear_kernel_cache()
+    """Route the forwards' lookups to :class:`HostKernel`s; yields the kernels made."""
+    yield from host_dispatch(monkeypatch, HostKernel)
 
 
 def test_launch_arguments_and_results(fake_dispatch):

@@ -500,13 +500,13 @@ class HostKernel:
         host_tensor(yp, n, dtype).copy_(y.flatten())
 
 
-@pytest.fixture
-def fake_dispatch(monkeypatch):
-    """Route the forwards' lookups to a fake dispatcher; CPU tensors stand in for CUDA ones."""
-    made: list[HostKernel] = []
+def host_dispatch(monkeypatch, kernel_type):
+    """Route the forwards' lookups to a fake dispatcher that makes ``kernel_type`` kernels (CPU
+    tensors stand in for CUDA ones); yields the kernels made, in order."""
+    made = []
 
     def get_kernel(problem, rows, device_id):
-        kernel = HostKernel(problem, rows, device_id)
+        kernel = kernel_type(problem, rows, device_id)
         made.append(kernel)
         return kernel
 
@@ -519,6 +519,12 @@ def fake_dispatch(monkeypatch):
     forward.clear_kernel_cache()
     yield made
     forward.clear_kernel_cache()
+
+
+@pytest.fixture
+def fake_dispatch(monkeypatch):
+    """Route the forwards' lookups to :class:`HostKernel`s; yields the kernels made."""
+    yield from host_dispatch(monkeypatch, HostKernel)
 
 
 def test_launch_arguments_and_results(fake_dispatch):

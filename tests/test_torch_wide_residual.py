@@ -9,15 +9,12 @@ marked ``gpu`` need a CUDA GPU, torch with CUDA and CuPy, and skip themselves ot
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from test_torch import GRAD_TOL, assert_rel, gpu  # noqa: E402  (the torch tests' helpers)
-from test_torch_add_rms import host_tensor, same_bits  # noqa: E402
+from test_torch_add_rms import host_dispatch, host_tensor, same_bits  # noqa: E402
 
 import autonorm  # noqa: E402
 import autonorm.torch as at  # noqa: E402
@@ -465,23 +462,8 @@ class WideHostKernel:
 
 @pytest.fixture
 def fake_dispatch(monkeypatch):
-    """Route the forwards' lookups to a fake dispatcher; CPU tensors stand in for CUDA ones."""
-    made: list[WideHostKernel] = []
-
-    def get_kernel(problem, rows, device_id):
-        kernel = WideHostKernel(problem, rows, device_id)
-        made.append(kernel)
-        return kernel
-
-    module = types.ModuleType("autonorm.dispatch")
-    module.get_kernel = get_kernel
-    monkeypatch.setitem(sys.modules, "autonorm.dispatch", module)
-    monkeypatch.setattr(forward, "_current_device", lambda: -1)  # a CPU tensor's get_device()
-    monkeypatch.setattr(residual_forward, "_current_device", lambda: -1)
-    monkeypatch.setattr(residual_forward, "_raw_stream", lambda device_id: 0xABC0)
-    forward.clear_kernel_cache()
-    yield made
-    forward.clear_kernel_cache()
+    """Route the forwards' lookups to :class:`WideHostKernel`s; yields the kernels made."""
+    yield from host_dispatch(monkeypatch, WideHostKernel)
 
 
 def cuda_forward(norm, x, r, p, eps, in_place=False):
