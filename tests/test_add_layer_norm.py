@@ -61,7 +61,7 @@ def test_the_family_launches_sizes_and_names_the_add():
 def test_the_shift_is_hs_first_element_in_the_row_kernel():
     config = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
     source = FAMILY.render(config, ADD, H200).source
-    assert "const float shift = to_f(from_f(to_f(x[row_base]) + to_f(res[row_base])));" in source
+    assert "const float shift = to_f(from_f(to_f(x[row_base]) + to_f(__ldcg(res + row_base))));" in source
     assert "const float shift = to_f(x[row_base]);" not in source
     assert "const T* __restrict__ res," in source.replace("__nv_bfloat16", "T")
 
@@ -70,7 +70,7 @@ def test_a_skewed_row_pads_h_with_hs_first_element():
     problem = Problem(4099, "bfloat16", residual=True)
     config = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
     source = FAMILY.render(config, problem, H200).source
-    assert "const T pad = from_f(to_f(x[row_base]) + to_f(res[row_base]));" in source
+    assert "const T pad = from_f(to_f(x[row_base]) + to_f(__ldcg(res + row_base)));" in source
     assert "pad_out(keep_sum(hr + (size_t)j * V, j * V - h," in source
 
 

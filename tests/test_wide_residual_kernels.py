@@ -201,6 +201,36 @@ def test_an_in_place_layernorm_row_reads_its_shift_before_storing_h(
     wait = source.index(barrier, guard)
     first_store = source.index("keep_sum(hr", shift)
     assert shift < guard < wait < first_store
+    # The read must be coherent: a const __restrict__ read may take the non-coherent path,
+    # whose loads the barrier does not order before the other threads' stores.
+    assert "__ldcg(res + row_base)" in source[shift:guard]
+    assert "res[row_base]" not in source
+
+
+@pytest.mark.skipif(offline.nvcc_path() is None, reason="needs nvcc (CI installs it)")
+@pytest.mark.parametrize("residual_dtype", [None, "float32"])
+@pytest.mark.parametrize("hidden", [4096, 4099], ids=["aligned", "skewed"])
+def test_the_in_place_shift_is_read_coherently_before_the_barrier(
+        tmp_path: Path, hidden: int, residual_dtype: str | None) -> None:
+    import subprocess
+
+    if residual_dtype and hidden % 8:
+        pytest.skip("a wide residual takes no skewed rows")
+    fam = registry.get("layer_norm")
+    problem = LayerNormProblem(hidden, "bfloat16", residual=True, residual_dtype=residual_dtype)
+    kernel = fam.render(KernelConfig(128, 8, 1, "smem", "two_pass", 1, 0), problem, H200)
+    src = tmp_path / "k.cu"
+    src.write_text(kernel.source)
+    ptx = tmp_path / "k.ptx"
+    subprocess.run([offline.nvcc_path(), "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx),
+                    str(src)], check=True, capture_output=True)
+    text = ptx.read_text()
+    barrier = text.index("bar.sync")
+    # Before the barrier: x's first element (read-only, either path) and the residual's, by
+    # the coherent L2 path; after it, the fill's vector loads.
+    assert "ld.global.cg" in text[:barrier]
+    loads = [line.split()[0] for line in text[:barrier].splitlines() if "ld.global" in line]
+    assert sum(op.startswith("ld.global.nc") for op in loads) <= 1 + (hidden % 8 != 0), loads
 
 
 @pytest.mark.skipif(offline.nvcc_path() is None, reason="needs nvcc (CI installs it)")
