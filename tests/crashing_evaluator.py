@@ -109,6 +109,24 @@ def build_crashing(
     return CrashingEvaluator(log_path=log_path, helper=helper, tame=tame)
 
 
+class SlowClosingEvaluator(CrashingEvaluator):
+    """Takes ``close_s`` seconds to close, as a worker does that waits for its compiles."""
+
+    def __init__(self, log_path: str | None, close_s: float) -> None:
+        super().__init__(log_path=log_path)
+        self.close_s = close_s
+
+    def close(self) -> None:
+        self._log("closing")
+        time.sleep(self.close_s)
+        super().close()
+
+
+def build_slow_closing(log_path: str | None, close_s: float) -> SlowClosingEvaluator:
+    """Factory for IsolatedEvaluator: a worker slow to stop when asked."""
+    return SlowClosingEvaluator(log_path, close_s)
+
+
 def build_broken(message: str) -> CrashingEvaluator:
     """A factory that fails, as GpuEvaluator does without a GPU."""
     raise RuntimeError(message)

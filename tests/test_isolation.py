@@ -37,6 +37,7 @@ from crashing_evaluator import (
     build_broken,
     build_crashing,
     build_faulting_gpu_evaluator,
+    build_slow_closing,
     evaluate_and_exit_without_close,
     faulting_source,
 )
@@ -339,6 +340,33 @@ def test_ctrl_c_interrupts_the_candidate_without_failing_it(tmp_path, log, ctrl_
     (hang,) = [t for t in study.trials if KernelConfig.from_dict(t.params) == HANG]
     assert hang.state == TrialState.FAIL
     assert hang.user_attrs["failure"] == "interrupted"
+
+
+def test_an_interrupt_while_a_worker_is_asked_to_stop_still_kills_it(log, ctrl_c_raises):
+    """Ctrl-C (or SIGTERM, taken as one) during close()'s wait for a slow worker.
+
+    Stopping a worker asks it to close, then waits: a worker that is still compiling takes
+    seconds. An interrupt in that wait must still kill the worker's group: left alive, the
+    process's exit would join it (multiprocessing does) and outlast the interrupt.
+    """
+    evaluator = IsolatedEvaluator(build_slow_closing, (str(log), 120.0), close_timeout_s=60.0)
+    pid = evaluator.pid
+    assert evaluator.evaluate(GOOD).ok
+
+    def interrupt_once_closing() -> None:
+        deadline = time.monotonic() + WAIT_FOR_HANG_S
+        while time.monotonic() < deadline and not events(log, "closing"):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_once_closing, daemon=True)
+    watcher.start()
+    with pytest.raises(KeyboardInterrupt):
+        evaluator.close()
+    watcher.join()
+    assert events(log, "closing")  # the interrupt came while the worker was closing
+    assert evaluator.pid is None
+    assert gone(pid, wait_s=10.0)  # killed, not left to finish its 120 s close
 
 
 def test_the_fault_patch_moves_exactly_the_output_store():
