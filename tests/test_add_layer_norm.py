@@ -61,7 +61,8 @@ def test_the_family_launches_sizes_and_names_the_add():
 def test_the_shift_is_hs_first_element_in_the_row_kernel():
     config = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
     source = FAMILY.render(config, ADD, H200).source
-    assert "const float shift = to_f(from_f(to_f(x[row_base]) + to_f(__ldcg(res + row_base))));" in source
+    shift = "const float shift = to_f(from_f(to_f(x[row_base]) + to_f(__ldcg(res + row_base))));"
+    assert shift in source
     assert "const float shift = to_f(x[row_base]);" not in source
     assert "const T* __restrict__ res," in source.replace("__nv_bfloat16", "T")
 
