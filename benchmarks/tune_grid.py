@@ -19,6 +19,7 @@ and the backwards ``layer_norm_backward`` and ``rms_norm_backward``.
 ops) at a decode and a prefill row count instead;
 ``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
 ``--skip-stored`` passes over shapes the database already has a usable winner for,
+``--budget-s`` stops between shapes before one could run past a time limit,
 ``--snapshot`` writes the standalone file that ships, and ``--plan`` lists the shapes without
 a GPU (docs/tuning.md, "Shipping the shapes of widely used models").
 """
@@ -56,6 +57,8 @@ MODEL_ROWS = "64,4096"
 # The --rows entry that stands for the benchmark grid's row count, elements // hidden.
 GRID_ROWS = "grid"
 NORMS = ("layer_norm", "rms_norm")
+# Seconds for --budget-s and the per-shape report (a module attribute, so tests can stand in).
+clock = time.monotonic
 MODEL_FIELDS = ("name", "hidden", "norm", "eps", "source")
 
 
@@ -231,11 +234,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="at the end, write the database's devices and winners (no trials) "
                         "to this file as one standalone file: the form "
                         "autonorm/tuning_db/autonorm.db ships in")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop between shapes once the next one could end past this many "
+                        "seconds (the longest shape so far taken as its length): the shapes "
+                        "left are listed and a re-run with --skip-stored resumes; a limit "
+                        "that ends the command cleanly, where `timeout` would cut a shape off")
     parser.add_argument("--plan", action="store_true",
                         help="list the shapes in tuning order and exit (no GPU needed)")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.timeout <= 0 or args.elements < 1:
         parser.error("--trials and --elements must be >= 1 and --timeout > 0")
+    if args.budget_s is not None and not args.budget_s > 0:
+        parser.error(f"--budget-s must be a number of seconds > 0, got {args.budget_s:g}")
     args.op_names = _op_list(args.ops, parser)
     if args.models is not None:
         try:
@@ -356,25 +366,35 @@ def main(argv: list[str] | None = None) -> int:
     db = TuningDB(args.db) if args.db is not None else TuningDB.open_user()
     path = db.path or settings.user_db_path()
     op = None
+    shapes = grid(args)
+    begun = clock()
+    longest = 0.0  # the longest shape so far: the budget's estimate of the next one
     # `kill` and `timeout` end it as Ctrl-C does: finished shapes stay stored.
     with terminate_as_interrupt():
         try:
-            for shape in grid(args):
+            for index, shape in enumerate(shapes):
                 if shape.op != op:
                     op = shape.op
                     print(f"tuning {op} on {info.name} into {path}", flush=True)
-                started = time.monotonic()
+                started = clock()
                 dtype, hidden, rows = shape.dtype, shape.hidden, shape.rows
                 problem = problem_of(shape)
                 key = TuningKey.for_problem(info.fingerprint, problem, rows)
                 if args.skip_stored and incumbent_of(db, key, problem, limits) is not None:
                     print(f"{dtype:9s} {hidden:6d} r{rows:<6d} stored already: skipped", flush=True)
                     continue
+                if args.budget_s is not None and started - begun + longest > args.budget_s:
+                    print(f"budget of {args.budget_s:g} s reached: {len(shapes) - index} shapes "
+                          "left; re-run with --skip-stored to resume", file=sys.stderr,
+                          flush=True)
+                    break
                 tuned = tune_and_store(
                     problem, rows, settings=tune_settings, device=info, storage=args.storage,
                     store=db, evaluator_factory=factory, quiet=True,
                 )
-                print(report(tuned, time.monotonic() - started), flush=True)
+                seconds = clock() - started
+                longest = max(longest, seconds)
+                print(report(tuned, seconds), flush=True)
         except KeyboardInterrupt:
             print("interrupted: finished shapes are stored; re-run to resume", file=sys.stderr)
             return 130

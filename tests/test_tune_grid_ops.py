@@ -223,3 +223,32 @@ def test_the_ops_are_tuned_and_stored_under_their_own_keys(fake_h200, tmp_path, 
     assert fake_h200 == []
     assert [line for line in out if "skipped" in line] == [
         "bfloat16    1024 r64     stored already: skipped"] * 2
+
+
+@pytest.mark.usefixtures("quiet_optuna")
+def test_a_budget_stops_between_shapes_and_a_rerun_resumes(fake_h200, tmp_path, monkeypatch,
+                                                           capsys):
+    # A fake clock: every reading is 10 s after the one before, so a shape "takes" 10 s and the
+    # budget check before each sees 20 s more than before the last.
+    ticks = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(tune_grid, "clock", lambda: float(next(ticks)))
+    db = tmp_path / "grid.db"
+    argv = ["--ops", "rms_norm", "--hidden", "1024,2048,4096", "--dtypes", "bf16", "--rows",
+            "64", "--trials", "2", "--db", str(db), "--skip-stored"]
+    # Begun at 0; shape 1 checked at 10 and done at 20 (10 s); shape 2 checked at 30: 30 + 10
+    # fits 45; shape 3 checked at 50: over the budget, not started.
+    assert tune_grid.main([*argv, "--budget-s", "45"]) == 0
+    captured = capsys.readouterr()
+    assert [p.hidden for p in fake_h200] == [1024, 2048]
+    assert captured.err.strip().splitlines()[-1] == (
+        "budget of 45 s reached: 1 shapes left; re-run with --skip-stored to resume")
+    with TuningDB(db) as store:
+        assert len(store.winners()) == 2
+    assert tune_grid.main(argv) == 0  # the re-run tunes only what is left
+    assert [p.hidden for p in fake_h200] == [1024, 2048, 4096]
+
+
+def test_a_budget_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        tune_grid.parse_args(["--budget-s", "0"])
+    assert "--budget-s must be a number of seconds > 0, got 0" in capsys.readouterr().err
