@@ -5,12 +5,13 @@ Run on a GPU machine, from the repository root::
     python benchmarks/explore.py --dtypes bf16 --hidden 4096,16384 --out results/
     python benchmarks/explore.py --focus cache=smem,vec=max --per-shape 32
     python benchmarks/explore.py --op layer_norm_backward --hidden 4096 --per-shape 8
+    python benchmarks/explore.py --hidden 490,1001 --rows 256 --per-shape 40
 
-Each shape is timed at ``--elements / hidden`` rows by the tuner's own evaluator (compile,
-verify against float64, time: docs/timing.md). The script prints the four fastest verified
-configurations and the first failures of each shape, and writes every measurement to
-``explore.json`` in ``--out``. It is a way to look at a shape's space without a search; the
-tuner (``autonorm tune``) is the way to pick a winner.
+Each shape is timed at ``--elements / hidden`` rows, or ``--rows`` at every hidden size, by the
+tuner's own evaluator (compile, verify against float64, time: docs/timing.md). The script
+prints the four fastest verified configurations and the first failures of each shape, and
+writes every measurement to ``explore.json`` in ``--out``. It is a way to look at a shape's
+space without a search; the tuner (``autonorm tune``) is the way to pick a winner.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated hidden sizes (default: 768 ... 65536)")
     parser.add_argument("--per-shape", type=int, default=16,
                         help="random configurations sampled per shape (default: 16)")
-    parser.add_argument("--elements", type=int, default=1 << 26,
-                        help="elements per launch; rows = elements // hidden (default: 2^26)")
+    rows = parser.add_mutually_exclusive_group()
+    rows.add_argument("--elements", type=int, default=1 << 26,
+                      help="elements per launch; rows = elements // hidden (default: 2^26)")
+    rows.add_argument("--rows", type=int, default=None,
+                      help="rows per launch at every hidden size instead, e.g. 256 (few-row "
+                           "latency)")
     parser.add_argument("--out", default="benchmarks/results",
                         help="folder for explore.json (default: benchmarks/results)")
     parser.add_argument("--configs", default="",
@@ -52,7 +57,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "blocks_per_sm=persistent: any persistent grid)")
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed (default: the hidden size, so runs repeat)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rows is not None and args.rows < 1:
+        parser.error(f"--rows must be >= 1, got {args.rows}")
+    if args.elements < 1:
+        parser.error(f"--elements must be >= 1, got {args.elements}")
+    return args
+
+
+def rows_of(args: argparse.Namespace, hidden: int) -> int:
+    """Rows of a launch at ``hidden``: ``--rows``, else ``--elements // hidden`` (at least 1)."""
+    return args.rows if args.rows is not None else max(1, args.elements // hidden)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
             problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype))
-            rows = max(1, args.elements // hidden)
+            rows = rows_of(args, hidden)
             space = family.space(problem, limits)
             for item in filter(None, args.focus.split(",")):
                 field, value = item.split("=")

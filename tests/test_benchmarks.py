@@ -77,3 +77,18 @@ def test_peers_selftest_renders_both_flushes(tmp_path):
     assert sweep
     assert all(m["share"] > 0 and m["share_zero"] > 0 for m in sweep)
     assert {c["flush"] for c in data["meta"]["copy"]["used"]} == {"read", "zero"}
+
+
+def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFixture) -> None:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import explore  # benchmarks/ is not a package
+
+    assert explore.rows_of(explore.parse_args(["--rows", "256"]), 490) == 256
+    assert explore.rows_of(explore.parse_args([]), 1024) == 2**26 // 1024
+    assert explore.rows_of(explore.parse_args(["--elements", "100"]), 490) == 1
+    for argv, message in ((["--rows", "0"], "--rows must be >= 1, got 0"),
+                          (["--rows", "8", "--elements", "64"], "not allowed with argument")):
+        with pytest.raises(SystemExit):
+            explore.parse_args(argv)
+        assert message in capsys.readouterr().err
