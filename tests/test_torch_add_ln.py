@@ -24,8 +24,8 @@ from test_torch import (  # noqa: E402  (the torch tests' shared helpers)
 )
 from test_torch_add_rms import (  # noqa: E402  (the residual-add tests' helpers)
     Block,
+    HostKernel,
     host_dispatch,
-    host_tensor,
     operands,
     randomize,
     rounded_sum,
@@ -458,32 +458,6 @@ def test_cpu_autocast_casts_weight_and_bias_to_x_dtype():
 # --------------------------------------------------------------------------------------------
 # The CUDA launch path, with a fake dispatcher (runs on CPU)
 # --------------------------------------------------------------------------------------------
-
-
-class HostKernel:
-    """Stands in for a residual LayerNorm kernel: computes on the host memory behind its
-    pointers."""
-
-    def __init__(self, problem, rows, device_id) -> None:
-        self.problem, self.rows, self.device_id = problem, rows, device_id
-        self.launches: list[tuple] = []
-
-    def launch(self, args, stream_ptr) -> None:
-        self.launches.append((*args, stream_ptr))
-        xp, rp, wp, bp, yp, hp, rows, eps = args
-        p = self.problem
-        assert (wp != 0) == p.has_weight and (bp != 0) == p.has_bias
-        dtype = {"float32": torch.float32, "float16": torch.float16,
-                 "bfloat16": torch.bfloat16}[p.dtype]
-        n = rows * p.hidden
-        x = host_tensor(xp, n, dtype).view(rows, p.hidden)
-        r = host_tensor(rp, n, dtype).view(rows, p.hidden)
-        w = host_tensor(wp, p.hidden, dtype) if p.has_weight else None
-        b = host_tensor(bp, p.hidden, dtype) if p.has_bias else None
-        y, h = residual_forward.forward_add_ln_reference(x, r, w, b, eps)
-        # Both results first, then the writes: y and h may be x's and residual's memory.
-        host_tensor(hp, n, dtype).copy_(h.flatten())
-        host_tensor(yp, n, dtype).copy_(y.flatten())
 
 
 @pytest.fixture

@@ -470,6 +470,9 @@ def test_module_rejects_a_wrong_hidden_size():
 # --------------------------------------------------------------------------------------------
 
 
+HOST_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def host_tensor(ptr: int, numel: int, dtype) -> torch.Tensor:
     """The ``numel`` elements of ``dtype`` at host address ``ptr``, as a tensor sharing them."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
@@ -477,7 +480,9 @@ def host_tensor(ptr: int, numel: int, dtype) -> torch.Tensor:
 
 
 class HostKernel:
-    """Stands in for a residual kernel: computes on the host memory behind its pointers."""
+    """Stands in for a residual kernel of either norm: computes on the host memory behind its
+    pointers, the residual and h in the problem's h dtype (float32 beside 16-bit x where the
+    residual is wide)."""
 
     def __init__(self, problem, rows, device_id) -> None:
         self.problem, self.rows, self.device_id = problem, rows, device_id
@@ -486,17 +491,22 @@ class HostKernel:
     def launch(self, args, stream_ptr) -> None:
         self.launches.append((*args, stream_ptr))
         xp, rp, wp, bp, yp, hp, rows, eps = args
-        assert bp == 0
         p = self.problem
-        dtype = {"float32": torch.float32, "float16": torch.float16,
-                 "bfloat16": torch.bfloat16}[p.dtype]
+        rms = p.op == "rms_norm"
+        assert (wp != 0) == p.has_weight
+        assert (bp != 0) == (not rms and p.has_bias)  # RMSNorm takes no bias
+        dtype, h_dtype = HOST_DTYPES[p.dtype], HOST_DTYPES[p.h_dtype]
         n = rows * p.hidden
         x = host_tensor(xp, n, dtype).view(rows, p.hidden)
-        r = host_tensor(rp, n, dtype).view(rows, p.hidden)
+        r = host_tensor(rp, n, h_dtype).view(rows, p.hidden)
         w = host_tensor(wp, p.hidden, dtype) if p.has_weight else None
-        y, h = residual_forward.forward_add_rms_reference(x, r, w, eps, p.weight_offset)
+        if rms:
+            y, h = residual_forward.forward_add_rms_reference(x, r, w, eps, p.weight_offset)
+        else:
+            b = host_tensor(bp, p.hidden, dtype) if p.has_bias else None
+            y, h = residual_forward.forward_add_ln_reference(x, r, w, b, eps)
         # Both results first, then the writes: y and h may be x's and residual's memory.
-        host_tensor(hp, n, dtype).copy_(h.flatten())
+        host_tensor(hp, n, h_dtype).copy_(h.flatten())
         host_tensor(yp, n, dtype).copy_(y.flatten())
 
 

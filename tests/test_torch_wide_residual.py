@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from test_torch import GRAD_TOL, assert_rel, gpu  # noqa: E402  (the torch tests' helpers)
-from test_torch_add_rms import host_dispatch, host_tensor, same_bits  # noqa: E402
+from test_torch_add_rms import HostKernel, host_dispatch, same_bits  # noqa: E402
 
 import autonorm  # noqa: E402
 import autonorm.torch as at  # noqa: E402
@@ -25,7 +25,6 @@ from autonorm.torch.checks import DTYPE_NAMES  # noqa: E402
 
 NORMS = ["rms", "layer"]
 NARROW = [torch.bfloat16, torch.float16]
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def operands(shape, dtype=torch.bfloat16, seed=0, device="cpu"):
@@ -434,36 +433,10 @@ def test_cpu_gradient_of_a_converted_residual_is_in_its_own_dtype(norm):
 # --------------------------------------------------------------------------------------------
 
 
-class WideHostKernel:
-    """Stands in for a residual kernel: the residual and h in the problem's h dtype."""
-
-    def __init__(self, problem, rows, device_id) -> None:
-        self.problem, self.rows, self.device_id = problem, rows, device_id
-        self.launches: list[tuple] = []
-
-    def launch(self, args, stream_ptr) -> None:
-        self.launches.append((*args, stream_ptr))
-        xp, rp, wp, bp, yp, hp, rows, eps = args
-        p = self.problem
-        dtype, h_dtype = TORCH_DTYPES[p.dtype], TORCH_DTYPES[p.h_dtype]
-        n = rows * p.hidden
-        x = host_tensor(xp, n, dtype).view(rows, p.hidden)
-        r = host_tensor(rp, n, h_dtype).view(rows, p.hidden)
-        w = host_tensor(wp, p.hidden, dtype) if p.has_weight else None
-        if p.op == "rms_norm":
-            y, h = residual_forward.forward_add_rms_reference(x, r, w, eps, p.weight_offset)
-        else:
-            b = host_tensor(bp, p.hidden, dtype) if p.has_bias else None
-            y, h = residual_forward.forward_add_ln_reference(x, r, w, b, eps)
-        # Both results first, then the writes: y and h may be x's and residual's memory.
-        host_tensor(hp, n, h_dtype).copy_(h.flatten())
-        host_tensor(yp, n, dtype).copy_(y.flatten())
-
-
 @pytest.fixture
 def fake_dispatch(monkeypatch):
-    """Route the forwards' lookups to :class:`WideHostKernel`s; yields the kernels made."""
-    yield from host_dispatch(monkeypatch, WideHostKernel)
+    """Route the forwards' lookups to :class:`HostKernel`s; yields the kernels made."""
+    yield from host_dispatch(monkeypatch, HostKernel)
 
 
 def cuda_forward(norm, x, r, p, eps, in_place=False):
