@@ -214,12 +214,13 @@ def _validate(
     if residual is None:
         raise InputError(f"residual must be an array of x's shape {tuple(x.shape)}, got None")
     _check_residual(x, residual, dtype)
-    want = resolve_h_dtype(dtype, normalize_dtype(residual.dtype), residual_dtype, in_place)
+    have = normalize_dtype(residual.dtype)
+    want = resolve_h_dtype(dtype, have, residual_dtype, in_place)
     if in_place and _kind_module(x).may_share_memory(x, residual):
         raise InputError(
             "residual shares memory with x: in_place writes both, so they must be separate"
         )
-    if want != normalize_dtype(residual.dtype):
+    if want != have:
         residual = _as_float32(x, residual)
     return dtype, rows, hidden, residual
 

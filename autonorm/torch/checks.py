@@ -11,6 +11,7 @@ import numbers
 import torch
 
 from autonorm.errors import DeviceMismatchError, InputError, ShapeError, UnsupportedDtypeError
+from autonorm.residual_dtype import NARROW
 
 # torch dtype -> autonorm dtype name; membership is the dtype check.
 DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -18,8 +19,8 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
 }
-# The dtypes beside which a float32 residual stream (and h) may run.
-NARROW_DTYPES = (torch.float16, torch.bfloat16)
+# The dtypes beside which a float32 residual stream (and h) may run: residual_dtype's NARROW.
+NARROW_DTYPES = tuple(t for t, name in DTYPE_NAMES.items() if name in NARROW)
 
 
 def check_param(p: object, name: str, x: torch.Tensor, hidden: int) -> None:
