@@ -20,7 +20,7 @@ BENCHMARKS = REPO / "benchmarks"
 BASH = shutil.which("bash") or "/bin/bash"
 
 SCRIPTS = ("peers.py", "explore.py", "backward.py", "launch_overhead.py", "offset_errors.py",
-           "triton_tutorial_ln.py", "untuned.py")
+           "triton_tutorial_ln.py", "untuned.py", "skew_weights.py")
 
 # Runs a script's --help with the GPU stack unimportable: --help must need none of it.
 HELP_WITHOUT_GPU_STACK = """
@@ -91,4 +91,21 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
                           (["--rows", "8", "--elements", "64"], "not allowed with argument")):
         with pytest.raises(SystemExit):
             explore.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_skew_weights_reads_its_shapes_and_refuses_bad_ones(capsys: pytest.CaptureFixture) -> None:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import skew_weights
+
+    args = skew_weights.parse_args(["--shapes", "bf16:4099,fp32:2053+add", "--rounds", "2"])
+    assert args.shapes == [("bf16", 4099, False), ("fp32", 2053, True)]
+    assert args.rounds == 2
+    assert len(skew_weights.parse_args([]).shapes) == len(skew_weights.SHAPES)
+    for argv, message in ((["--shapes", "bf16-4099"], "is not dtype:hidden"),
+                          (["--shapes", "bf16:4099+mul"], "only '+add' may follow"),
+                          (["--rounds", "0"], "--rounds must be >= 1, got 0")):
+        with pytest.raises(SystemExit):
+            skew_weights.parse_args(argv)
         assert message in capsys.readouterr().err

@@ -45,10 +45,18 @@ BREAKS = {
 # The bulk-copy kernel's own: pass 2 masks the pads by a select, the weights held in registers
 # are shifted once for the offset of the thread's rows.
 BULK_BREAKS = {
-    "pads-counted": ("(!may_part(it) || in_row(j * V - h + q)) ? ", "true ? "),
+    "pads-counted": ("in_row_some(it, j * V - h + q) ? ", "true ? "),
     "weights-unshifted": ("wr[it] = load_shifted(wseg, j, h);",
                           "wr[it] = load_vec(wseg + (size_t)j * V);"),
     "whole-stores": BREAKS["whole-stores"],
+}
+
+# Weights joined once into shared memory: joined unshifted, or the bias read from the weights'.
+SMEM_BREAKS = {
+    "weights-unshifted": ("wsm[it * {threads} + tid] = load_shifted(wseg, j, h);",
+                          "wsm[it * {threads} + tid] = load_vec(wseg + (size_t)j * V);"),
+    "bias-from-weights": ("const Vec bv = bsm[it * {threads} + tid];",
+                          "const Vec bv = wsm[it * {threads} + tid];"),
 }
 
 
@@ -63,7 +71,7 @@ def branch(plan: Plan) -> tuple:
     tpr = plan.shape.threads_per_row
     return (c.cache, c.stats, c.rows_per_block > 1, c.keep_x, plan.fp32_row, plan.async_fill,
             plan.fused_passes, plan.unrolled_store, (tpr > 32) - (tpr < 32), c.blocks_per_sm > 0,
-            plan.fp32_tile, plan.deferred_refill)
+            plan.fp32_tile, plan.deferred_refill, plan.weights_in_smem)
 
 
 def skewed_cover(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001
@@ -207,4 +215,18 @@ def test_a_broken_skewed_bulk_kernel_is_rejected(compiled, dtype: str, name: str
     rendered = render(config, problem, compiled.limits)
     plan = derive_plan(config, problem, compiled.limits)
     assert plan.shape.skewed and plan.weights_in_registers, config.label()
+    assert_break_rejected(compiled, problem, rendered, old, new, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(SMEM_BREAKS))
+def test_a_broken_skewed_bulk_kernel_with_weights_in_smem_is_rejected(
+    compiled, dtype: str, name: str
+) -> None:
+    problem = Problem(4099 if dtype != "float32" else 4097, dtype)
+    config = default_config(problem, compiled.limits, 2**26 // problem.hidden)
+    plan = derive_plan(config, problem, compiled.limits)
+    assert plan.shape.skewed and plan.weights_in_smem, config.label()
+    old, new = (t.format(threads=config.threads) for t in SMEM_BREAKS[name])
+    rendered = render(config, problem, compiled.limits)
     assert_break_rejected(compiled, problem, rendered, old, new, name)

@@ -155,6 +155,8 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "STAGES": config.stages,
         "KEEP_X": config.keep_x,
         "WREG": plan.weights_in_registers,
+        "WSMEM": plan.weights_in_smem,
+        "wsmem_offset": plan.weights_smem_offset,
         "FTILE": plan.fp32_tile,
         "DEFER": plan.deferred_refill,
         "stage_bytes": plan.stage_bytes,

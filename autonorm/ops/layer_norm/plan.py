@@ -60,6 +60,13 @@ UNROLL_STORE_ITERS = 8
 # 5 vectors spilled 4-12 bytes (4801-5055).
 SKEWED_WEIGHT_ITERS = 5
 
+# A skewed bulk kernel whose weights are not held in registers keeps each thread's weight and
+# bias vectors, shifted to its rows' offset, in shared memory ([it][thread]): joined once a
+# launch instead of from two aligned vectors every row. It wins even where it costs a block an
+# SM (H200, LayerNorm bf16 6151: 5 -> 4 blocks, 60% -> 82% of copy; docs/bulk-kernel.md). False
+# turns it off, for benchmarks/skew_weights.py and the tests that compare the two.
+SKEWED_WEIGHTS_IN_SMEM = True
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -105,6 +112,8 @@ class Plan:
     fused_passes: bool
     unrolled_store: bool
     deferred_refill: bool
+    weights_in_smem: bool = False
+    weights_smem_offset: int = 0
 
     @property
     def bulk(self) -> bool:
@@ -135,8 +144,22 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
     elems = shape.iters * config.vec  # elements a thread holds of a row
     # A wide residual's h is float32 already, in its stage or row cache.
     fp32_tile = bulk and sixteen_bit and elems <= FP32_TILE_MAX and not problem.wide_residual
+    wsmem = False
+    wsmem_offset = 0
     if bulk:
         uncapped, wreg = bulk_blocks(config, problem, shape, smem, device)
+        held = wreg and not fp32_tile and not (
+            shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual))
+        affine = int(problem.has_weight) + int(problem.has_bias)
+        # RMSNorm shares the kernel but was not timed with it: it keeps its per-row joins.
+        layer = problem.norm != "rms"
+        if SKEWED_WEIGHTS_IN_SMEM and layer and shape.skewed and affine and not held:
+            offset = -(-smem // 16) * 16
+            with_weights = offset + affine * shape.iters * config.threads * config.vec * (
+                problem.itemsize)
+            if with_weights <= device.max_smem_optin:
+                blocks, _ = bulk_blocks(config, problem, shape, with_weights, device)
+                wsmem, wsmem_offset, smem, uncapped = True, offset, with_weights, blocks
         min_blocks = uncapped
     else:
         uncapped, wreg = estimate_blocks(registers, config, device), False
@@ -182,6 +205,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
             bulk and not fp32_tile and config.stages >= 2 and shape.threads_per_row > 32
             and config.cluster == 1
         ),
+        weights_in_smem=wsmem,
+        weights_smem_offset=wsmem_offset,
     )
 
 

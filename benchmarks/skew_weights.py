@@ -1,0 +1,121 @@
+"""Skewed bulk kernels: weights joined once into shared memory against joined every row.
+
+Run on a GPU machine::
+
+    python benchmarks/skew_weights.py
+    python benchmarks/skew_weights.py --shapes bf16:4099,fp32:4097+add --rounds 5
+
+Where the vector does not divide the hidden size, the bulk-copy kernel's rows start off the
+vector grid, and each thread's weight and bias vectors must be joined from two aligned ones.
+The plan holds them joined in shared memory (``plan.SKEWED_WEIGHTS_IN_SMEM``), even where that
+costs blocks an SM; with the switch off, every row joins them again. This times the untuned
+default configuration of each shape both ways with the tuner's evaluator (verified against
+float64 first, then single launches with L2 flushed, median), the two variants interleaved
+round by round, and prints the share of copy bandwidth of each and their ratio
+(docs/bulk-kernel.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+# Odd hidden sizes whose untuned default at 2^26 elements is the skewed bulk kernel; "+add" is
+# LayerNorm after the residual add, where the shared memory costs one or two blocks an SM.
+SHAPES = ("bf16:2053", "bf16:4099", "bf16:6151", "bf16:8191", "bf16:12289", "fp16:4099",
+          "fp32:2051", "fp32:4097", "fp32:6151", "bf16:4099+add", "bf16:8191+add",
+          "fp16:5003+add", "fp32:2053+add", "fp32:4099+add")
+
+
+def parse_shape(text: str) -> tuple[str, int, bool]:
+    """``dtype:hidden`` or ``dtype:hidden+add`` as (dtype, hidden, residual)."""
+    body, plus, what = text.partition("+")
+    if plus and what != "add":
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r}: only '+add' may follow the size")
+    dtype, colon, hidden = body.partition(":")
+    if not colon or not hidden.isdigit() or int(hidden) < 1:
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not dtype:hidden (bf16:4099)")
+    return dtype, int(hidden), bool(plus)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (no GPU and no autonorm import needed for ``--help``)."""
+    parser = argparse.ArgumentParser(
+        description="Time the skewed bulk kernel of odd hidden sizes with its weights joined "
+                    "once into shared memory against joined again for every row, at each "
+                    "shape's untuned default configuration and 2^26 elements, through the "
+                    "tuner's evaluator. Needs a CUDA GPU and CuPy.",
+    )
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help="dtype:hidden, '+add' for LayerNorm after the residual add, "
+                             "comma-separated (default: " + ",".join(SHAPES) + ")")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timings of each variant, interleaved (default 3)")
+    args = parser.parse_args(argv)
+    try:
+        args.shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every shape both ways and print the table; return 1 if a kernel failed."""
+    args = parse_args(argv)
+    from autonorm.dtypes import normalize_dtype
+    from autonorm.ops.layer_norm import plan as plan_module
+    from autonorm.ops.registry import get
+    from autonorm.runtime.compiler import CompilePool
+    from autonorm.runtime.device import query_device
+    from autonorm.tune.evaluator import GpuEvaluator
+
+    family = get("layer_norm")
+    limits = query_device().limits()
+    chosen = plan_module.SKEWED_WEIGHTS_IN_SMEM
+    failed = False
+    print("| op | dtype | hidden | default | blocks an SM | joined every row | in shared memory "
+          "| ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    pool = CompilePool()
+    try:
+        for dtype, hidden, residual in args.shapes:
+            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype),
+                                     residual=residual)
+            rows = 2**26 // hidden
+            config = family.default(problem, limits, rows)
+            blocks, shares, evaluators = {}, {}, {}
+            for held in (False, True):
+                plan_module.SKEWED_WEIGHTS_IN_SMEM = held
+                plan = plan_module.derive_plan(config, problem, limits)
+                blocks[held] = (plan.min_blocks, plan.weights_in_smem)
+                # One evaluator a variant: each caches the kernel it rendered under the switch.
+                evaluators[held] = GpuEvaluator(problem, rows, pool=pool)
+                shares[held] = []
+            for _ in range(args.rounds):
+                for held in (False, True):
+                    plan_module.SKEWED_WEIGHTS_IN_SMEM = held
+                    outcome = evaluators[held].evaluate(config)
+                    if not outcome.ok:
+                        failed = True
+                        print(f"{problem.describe()} {config.label()} held={held}: "
+                              f"{outcome.status} {str(outcome.error)[:200]}")
+                        break
+                    shares[held].append(outcome.timing.share)
+            evaluators.clear()
+            if not all(shares.values()):
+                continue
+            joined, held = (statistics.median(shares[v]) for v in (False, True))
+            used = "" if blocks[True][1] else " (not taken)"
+            print(f"| {'add + LN' if residual else 'LN'} | {dtype} | {hidden} | {config.label()} "
+                  f"| {blocks[False][0]} -> {blocks[True][0]}{used} | {joined:.1%} | "
+                  f"{held:.1%} | x{held / joined:.3f} |", flush=True)
+    finally:
+        plan_module.SKEWED_WEIGHTS_IN_SMEM = chosen
+        pool.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
