@@ -30,8 +30,9 @@ suites:
                       (e.g. search bf16:1024,16384 fp32:4096)
   peers               the full peers benchmark on this tree's database ($OUT/peers/,
                       $OUT/peers_full.log)
-  ncu DTYPE:H ...     Nsight Compute sections of autonorm's dispatched kernel and
-                      torch.compile's at 2^26 elements ($OUT/ncu_peers.txt)
+  ncu DTYPE:H[:ROWS]  Nsight Compute sections of autonorm's dispatched kernel and
+                      torch.compile's at 2^26 elements or ROWS rows ($OUT/ncu_peers.txt);
+                      NCU_OPTIONS adds ncu options (e.g. NCU_OPTIONS="--cache-control none")
 
 The methods and the figures they reproduce: docs/tuning.md, docs/timing.md, docs/results.md.
 EOF
@@ -137,7 +138,7 @@ fi
 
 if [[ $suite == ncu ]]; then
   if [[ $# -eq 0 ]]; then
-    echo "ncu needs shapes, e.g. bfloat16:16384 float32:4096" >&2; exit 2
+    echo "ncu needs shapes, e.g. bfloat16:16384 float32:4096 bfloat16:490:1" >&2; exit 2
   fi
   # Only the launches between cudaProfilerStart and Stop are profiled: torch.compile's warm-up
   # and autotuning stay outside.
@@ -153,8 +154,9 @@ from autonorm.dtypes import normalize_dtype
 from autonorm.ops.layer_norm.problem import Problem
 
 for spec in sys.argv[1:]:
-    dtype, hidden = normalize_dtype(spec.split(":")[0]), int(spec.split(":")[1])
-    rows = (1 << 26) // hidden
+    parts = spec.split(":")
+    dtype, hidden = normalize_dtype(parts[0]), int(parts[1])
+    rows = int(parts[2]) if len(parts) > 2 else (1 << 26) // hidden
     choice = dispatch.choose_config(Problem(hidden, dtype), rows)
     tdt = getattr(torch, dtype)
     x = torch.randn(rows, hidden, device="cuda", dtype=tdt)
@@ -166,15 +168,16 @@ for spec in sys.argv[1:]:
             compiled(x)
             ant.layer_norm(x, w, b)
         torch.cuda.synchronize()
-        print(dtype, hidden, "autonorm", choice.source, choice.config.label(), flush=True)
+        print(dtype, hidden, rows, "autonorm", choice.source, choice.config.label(), flush=True)
         torch.cuda.profiler.start()
         ant.layer_norm(x, w, b)
         compiled(x)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 PY
-  timeout 200 ncu --profile-from-start off --clock-control none --section SpeedOfLight \
-    --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+  # shellcheck disable=SC2086  # NCU_OPTIONS is a list of options
+  timeout 200 ncu ${NCU_OPTIONS:-} --profile-from-start off --clock-control none \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
     python3 "$OUT/ncu_launch.py" "$@" > "$OUT/ncu_peers.txt" 2>&1
   grep -E "^  [a-z_]|autonorm|triton|Duration|DRAM Throughput|Registers Per|Achieved Occ|Issue \
