@@ -4,15 +4,16 @@ Run on a GPU machine::
 
     python benchmarks/skew_weights.py
     python benchmarks/skew_weights.py --shapes bf16:4099,fp32:4097+add --rounds 5
+    python benchmarks/skew_weights.py --shapes rms:bf16:4099,rms:bf16:6151+add
 
 Where the vector does not divide the hidden size, the bulk-copy kernel's rows start off the
 vector grid, and each thread's weight and bias vectors must be joined from two aligned ones.
-The plan holds them joined in shared memory (``plan.SKEWED_WEIGHTS_IN_SMEM``), even where that
-costs blocks an SM; with the switch off, every row joins them again. This times the untuned
-default configuration of each shape both ways with the tuner's evaluator (verified against
-float64 first, then single launches with L2 flushed, median), the two variants interleaved
-round by round, and prints the share of copy bandwidth of each and their ratio
-(docs/bulk-kernel.md).
+The plan holds them joined in shared memory for the norms in ``plan.SKEWED_WEIGHTS_IN_SMEM``
+(LayerNorm), even where that costs blocks an SM; otherwise every row joins them again. This
+times the untuned default configuration of each shape both ways with the tuner's evaluator
+(verified against float64 first, then single launches with L2 flushed, median), the two
+variants interleaved round by round, and prints the share of copy bandwidth of each and their
+ratio (docs/bulk-kernel.md).
 """
 
 from __future__ import annotations
@@ -27,15 +28,24 @@ SHAPES = ("bf16:2053", "bf16:4099", "bf16:6151", "bf16:8191", "bf16:12289", "fp1
           "fp16:5003+add", "fp32:2053+add", "fp32:4099+add")
 
 
-def parse_shape(text: str) -> tuple[str, int, bool]:
-    """``dtype:hidden`` or ``dtype:hidden+add`` as (dtype, hidden, residual)."""
+OPS = {"ln": "layer_norm", "rms": "rms_norm"}
+
+
+def parse_shape(text: str) -> tuple[str, str, int, bool]:
+    """``[op:]dtype:hidden[+add]`` as (op, dtype, hidden, residual); op is ln (the default) or
+    rms."""
     body, plus, what = text.partition("+")
     if plus and what != "add":
         raise argparse.ArgumentTypeError(f"--shapes: {text!r}: only '+add' may follow the size")
+    op = "ln"
+    if body.count(":") == 2:
+        op, _, body = body.partition(":")
+        if op not in OPS:
+            raise argparse.ArgumentTypeError(f"--shapes: {text!r}: the op is ln or rms")
     dtype, colon, hidden = body.partition(":")
     if not colon or not hidden.isdigit() or int(hidden) < 1:
         raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not dtype:hidden (bf16:4099)")
-    return dtype, int(hidden), bool(plus)
+    return OPS[op], dtype, int(hidden), bool(plus)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "tuner's evaluator. Needs a CUDA GPU and CuPy.",
     )
     parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help="dtype:hidden, '+add' for LayerNorm after the residual add, "
-                             "comma-separated (default: " + ",".join(SHAPES) + ")")
+                        help="[ln:|rms:]dtype:hidden, '+add' for the norm after the residual "
+                             "add, comma-separated (default: " + ",".join(SHAPES) + ")")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timings of each variant, interleaved (default 3)")
     args = parser.parse_args(argv)
@@ -71,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     from autonorm.runtime.device import query_device
     from autonorm.tune.evaluator import GpuEvaluator
 
-    family = get("layer_norm")
     limits = query_device().limits()
     chosen = plan_module.SKEWED_WEIGHTS_IN_SMEM
     failed = False
@@ -80,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     pool = CompilePool()
     try:
-        for dtype, hidden, residual in args.shapes:
+        for op, dtype, hidden, residual in args.shapes:
+            family = get(op)
             problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype),
                                      residual=residual)
             rows = 2**26 // hidden
             config = family.default(problem, limits, rows)
             blocks, shares, evaluators = {}, {}, {}
+            variants = {False: chosen - {problem.norm}, True: chosen | {problem.norm}}
             for held in (False, True):
-                plan_module.SKEWED_WEIGHTS_IN_SMEM = held
+                plan_module.SKEWED_WEIGHTS_IN_SMEM = variants[held]
                 plan = plan_module.derive_plan(config, problem, limits)
                 blocks[held] = (plan.min_blocks, plan.weights_in_smem)
                 # One evaluator a variant: each caches the kernel it rendered under the switch.
@@ -95,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 shares[held] = []
             for _ in range(args.rounds):
                 for held in (False, True):
-                    plan_module.SKEWED_WEIGHTS_IN_SMEM = held
+                    plan_module.SKEWED_WEIGHTS_IN_SMEM = variants[held]
                     outcome = evaluators[held].evaluate(config)
                     if not outcome.ok:
                         failed = True
@@ -108,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             joined, held = (statistics.median(shares[v]) for v in (False, True))
             used = "" if blocks[True][1] else " (not taken)"
-            print(f"| {'add + LN' if residual else 'LN'} | {dtype} | {hidden} | {config.label()} "
+            name = "LN" if op == "layer_norm" else "RMS"
+            name = f"add + {name}" if residual else name
+            print(f"| {name} | {dtype} | {hidden} | {config.label()} "
                   f"| {blocks[False][0]} -> {blocks[True][0]}{used} | {joined:.1%} | "
                   f"{held:.1%} | x{held / joined:.3f} |", flush=True)
     finally:

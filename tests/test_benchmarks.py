@@ -99,12 +99,15 @@ def test_skew_weights_reads_its_shapes_and_refuses_bad_ones(capsys: pytest.Captu
         sys.path.insert(0, str(BENCHMARKS))
     import skew_weights
 
-    args = skew_weights.parse_args(["--shapes", "bf16:4099,fp32:2053+add", "--rounds", "2"])
-    assert args.shapes == [("bf16", 4099, False), ("fp32", 2053, True)]
+    args = skew_weights.parse_args(["--shapes", "bf16:4099,fp32:2053+add,rms:fp16:6151+add",
+                                    "--rounds", "2"])
+    assert args.shapes == [("layer_norm", "bf16", 4099, False), ("layer_norm", "fp32", 2053, True),
+                           ("rms_norm", "fp16", 6151, True)]
     assert args.rounds == 2
     assert len(skew_weights.parse_args([]).shapes) == len(skew_weights.SHAPES)
     for argv, message in ((["--shapes", "bf16-4099"], "is not dtype:hidden"),
                           (["--shapes", "bf16:4099+mul"], "only '+add' may follow"),
+                          (["--shapes", "mul:bf16:4099"], "the op is ln or rms"),
                           (["--rounds", "0"], "--rounds must be >= 1, got 0")):
         with pytest.raises(SystemExit):
             skew_weights.parse_args(argv)

@@ -44,7 +44,7 @@ def test_the_weights_are_joined_once_into_shared_memory(dtype: str, hidden: int,
     assert f"const Vec bv = bsm[it * {config.threads} + tid];" in source
     assert JOINED_EVERY_ROW not in source
     # At these shapes it costs no block an SM; the shared memory is the thread's vectors of both.
-    monkeypatch.setattr(plan_module, "SKEWED_WEIGHTS_IN_SMEM", False)
+    monkeypatch.setattr(plan_module, "SKEWED_WEIGHTS_IN_SMEM", frozenset())
     joined = derive_plan(config, problem, H200)
     assert not joined.weights_in_smem
     assert plan.min_blocks == joined.min_blocks
@@ -124,8 +124,8 @@ def test_every_broken_skewed_kernel_of_the_gpu_tests_finds_its_text() -> None:
                 assert source.count(text) == 1, (dtype, name)
 
 
-def test_rms_norm_keeps_its_per_row_joins() -> None:
-    # RMSNorm shares the template but was not timed with the weights in shared memory.
+def test_rms_norm_keeps_its_per_row_joins_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RMSNorm shares the template but has not been timed with the weights in shared memory.
     from autonorm.ops import registry
 
     family = registry.get("rms_norm")
@@ -136,3 +136,9 @@ def test_rms_norm_keeps_its_per_row_joins() -> None:
         assert plan.shape.skewed and config.cache == "bulk"
         assert not plan.weights_in_smem
         assert "wsm[" not in family.render(config, problem, H200).source
+        with monkeypatch.context() as patch:
+            patch.setattr(plan_module, "SKEWED_WEIGHTS_IN_SMEM", frozenset({"layer", "rms"}))
+            assert derive_plan(config, problem, H200).weights_in_smem
+            source = family.render(config, problem, H200).source
+            assert f"const Vec wv = wsm[it * {config.threads} + tid];" in source
+            assert "bsm[" not in source  # RMSNorm has no bias

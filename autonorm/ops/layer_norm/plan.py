@@ -63,9 +63,10 @@ SKEWED_WEIGHT_ITERS = 5
 # A skewed bulk kernel whose weights are not held in registers keeps each thread's weight and
 # bias vectors, shifted to its rows' offset, in shared memory ([it][thread]): joined once a
 # launch instead of from two aligned vectors every row. It wins even where it costs a block an
-# SM (H200, LayerNorm bf16 6151: 5 -> 4 blocks, 60% -> 82% of copy; docs/bulk-kernel.md). False
-# turns it off, for benchmarks/skew_weights.py and the tests that compare the two.
-SKEWED_WEIGHTS_IN_SMEM = True
+# SM (H200, LayerNorm bf16 6151: 5 -> 4 blocks, 60% -> 82% of copy; docs/bulk-kernel.md). The
+# norms (Problem.norm) that take it: RMSNorm shares the kernel but has not been timed with it.
+# benchmarks/skew_weights.py and the tests set it to compare.
+SKEWED_WEIGHTS_IN_SMEM: frozenset[str] = frozenset({"layer"})
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         held = wreg and not fp32_tile and not (
             shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual))
         affine = int(problem.has_weight) + int(problem.has_bias)
-        # RMSNorm shares the kernel but was not timed with it: it keeps its per-row joins.
-        layer = problem.norm != "rms"
-        if SKEWED_WEIGHTS_IN_SMEM and layer and shape.skewed and affine and not held:
+        joined_once = problem.norm in SKEWED_WEIGHTS_IN_SMEM
+        if joined_once and shape.skewed and affine and not held:
             offset = -(-smem // 16) * 16
             with_weights = offset + affine * shape.iters * config.threads * config.vec * (
                 problem.itemsize)
