@@ -149,6 +149,7 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
     wsmem_offset = 0
     if bulk:
         uncapped, wreg = bulk_blocks(config, problem, shape, smem, device)
+        # A tile held as fp32 takes the registers the weights would have had.
         held = wreg and not fp32_tile and not (
             shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual))
         affine = int(problem.has_weight) + int(problem.has_bias)
@@ -162,7 +163,7 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
                 wsmem, wsmem_offset, smem, uncapped = True, offset, with_weights, blocks
         min_blocks = uncapped
     else:
-        uncapped, wreg = estimate_blocks(registers, config, device), False
+        uncapped, held = estimate_blocks(registers, config, device), False
         min_blocks = max(uncapped, capped)
     async_fill = (
         config.cache == "smem" and device.cc >= 80
@@ -182,9 +183,7 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         uncapped_blocks=uncapped,
         capped_blocks=capped,
         min_blocks=min_blocks,
-        # A tile held as fp32 takes the registers the weights would have had.
-        weights_in_registers=wreg and not fp32_tile and not (
-            shape.skewed and shape.iters > SKEWED_WEIGHT_ITERS - int(problem.residual)),
+        weights_in_registers=held,
         prefetch=prefetch,
         async_fill=async_fill,
         fp32_row=(config.cache == "registers" and sixteen_bit and elems <= FP32_ROW_MAX
