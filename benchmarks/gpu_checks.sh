@@ -177,8 +177,9 @@ for spec in sys.argv[1:]:
 PY
   # shellcheck disable=SC2086  # NCU_OPTIONS is a list of options
   timeout 200 ncu ${NCU_OPTIONS:-} --profile-from-start off --clock-control none \
-    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+    --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section InstructionStats \
     python3 "$OUT/ncu_launch.py" "$@" > "$OUT/ncu_peers.txt" 2>&1
   grep -E "^  [a-z_]|autonorm|triton|Duration|DRAM Throughput|Registers Per|Achieved Occ|Issue \
 Slots Busy|Executed Ipc A|Executed Instructions  |Eligible Warps|No Eligible|Block Size|Grid Size|Stall" \

@@ -104,18 +104,23 @@ def main(argv: list[str] | None = None) -> int:
                 # One evaluator a variant: each caches the kernel it rendered under the switch.
                 evaluators[held] = GpuEvaluator(problem, rows, pool=pool)
                 shares[held] = []
+            broken = None  # the first variant that failed: the shape's rounds stop there
             for _ in range(args.rounds):
                 for held in (False, True):
                     plan_module.SKEWED_WEIGHTS_IN_SMEM = variants[held]
                     outcome = evaluators[held].evaluate(config)
                     if not outcome.ok:
-                        failed = True
-                        print(f"{problem.describe()} {config.label()} held={held}: "
-                              f"{outcome.status} {str(outcome.error)[:200]}")
+                        broken = outcome, held
                         break
                     shares[held].append(outcome.timing.share)
+                if broken:
+                    break
             evaluators.clear()
-            if not all(shares.values()):
+            if broken:
+                outcome, held = broken
+                failed = True
+                print(f"{problem.describe()} {config.label()} held={held}: "
+                      f"{outcome.status} {str(outcome.error)[:200]}")
                 continue
             joined, held = (statistics.median(shares[v]) for v in (False, True))
             used = "" if blocks[True][1] else " (not taken)"
