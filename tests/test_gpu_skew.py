@@ -43,9 +43,12 @@ BREAKS = {
 }
 
 # The bulk-copy kernel's own: pass 2 masks the pads by a select, the weights held in registers
-# are shifted once for the offset of the thread's rows.
+# are shifted once for the offset of the thread's rows, and only the warps that hold a row's
+# ends take its partial vectors' pads, masks and element stores (here the first vector's,
+# narrowed to the wrong warp).
 BULK_BREAKS = {
-    "pads-counted": ("in_row_some(it, j * V - h + q) ? ", "true ? "),
+    "pads-counted": ("in_row_some(it, lane, j * V - h + q) ? ", "true ? "),
+    "ends-in-another-warp": ("(it == 0 && w == 0)", "(it == 0 && w == 1)"),
     "weights-unshifted": ("wr[it] = load_shifted(wseg, j, h);",
                           "wr[it] = load_vec(wseg + (size_t)j * V);"),
     "whole-stores": BREAKS["whole-stores"],

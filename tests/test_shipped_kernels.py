@@ -172,3 +172,23 @@ def test_the_machine_code_check_can_fail(tmp_path: Path) -> None:
     same = _cubin([kernel % "1.0f"], tmp_path / "a.cubin")
     assert _cubin([kernel % "1.0f"], tmp_path / "b.cubin") == same
     assert _cubin([kernel % "2.0f"], tmp_path / "c.cubin") != same
+
+
+@pytest.mark.gpu
+def test_every_shipped_winner_verifies_on_an_h200(shipped: TuningDB) -> None:
+    # What the CPU tests above cannot show: each shipped kernel, as today's code renders it,
+    # compiles under NVRTC and matches float64 on its family's verification cases.
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
+
+    if query_device().fingerprint != H200.fingerprint:
+        pytest.skip("the shipped winners were tuned on an H200")
+    failures = []
+    for winner in shipped.winners():
+        problem, config, rendered = _render(shipped, winner)
+        kernel = compiler.compile_kernel(rendered)
+        result = registry.get(winner.key.op).workload(problem, 64).verify(kernel)
+        if not result.ok:
+            failures.append(f"{winner.key} {config.label()}: {result.summary()}")
+    assert len(shipped.winners()) == 126
+    assert not failures, "\n".join(failures)
