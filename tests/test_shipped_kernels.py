@@ -183,12 +183,13 @@ def test_every_shipped_winner_verifies_on_an_h200(shipped: TuningDB) -> None:
 
     if query_device().fingerprint != H200.fingerprint:
         pytest.skip("the shipped winners were tuned on an H200")
+    winners = shipped.winners()
+    assert len(winners) == 126
     failures = []
-    for winner in shipped.winners():
+    for winner in winners:
         problem, config, rendered = _render(shipped, winner)
         kernel = compiler.compile_kernel(rendered)
         result = registry.get(winner.key.op).workload(problem, 64).verify(kernel)
         if not result.ok:
             failures.append(f"{winner.key} {config.label()}: {result.summary()}")
-    assert len(shipped.winners()) == 126
     assert not failures, "\n".join(failures)
