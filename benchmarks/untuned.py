@@ -158,9 +158,11 @@ def shipped_hidden_sizes() -> set[int]:
 
 
 def build_cases(hiddens: list[int], dtypes: list[str], small_rows: list[int],
-                elements: int = ELEMENTS) -> list[Case]:
-    """Bulk shapes first (every dtype, every size), then the small row counts, one at a time."""
-    cases = [Case(d, h, max(1, elements // h), "bulk") for d in dtypes for h in hiddens]
+                elements: int = ELEMENTS, bulk: bool = True) -> list[Case]:
+    """Bulk shapes first (every dtype, every size; none unless ``bulk``), then the small row
+    counts, one at a time."""
+    cases = [Case(d, h, max(1, elements // h), "bulk") for d in dtypes for h in hiddens
+             if bulk]
     cases += [Case(d, h, r, "small") for r in small_rows for d in dtypes for h in hiddens]
     return cases
 
@@ -438,6 +440,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=list(SMALL_ROWS), help="small row counts (1 to 256), timed by "
                    "CUDA-graph replay (default 1,64,256)")
     p.add_argument("--no-small", action="store_true", help="skip the small row counts")
+    p.add_argument("--no-bulk", action="store_true",
+                   help="skip the shapes of 2^26 elements (only the small row counts)")
     p.add_argument("--tune-timeout", type=float, default=4.0,
                    help="search seconds per bulk shape in the tuned mode (default 4)")
     p.add_argument("--tune-odd", action="store_true",
@@ -467,6 +471,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.small_rows = []
     if max(args.small_rows, default=1) > 256:
         p.error("--small-rows: give row counts from 1 to 256")
+    if args.no_bulk and not args.small_rows:
+        p.error("--no-bulk with --no-small leaves nothing to measure")
     return args
 
 
@@ -710,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(REPO))
     excluded = shipped_hidden_sizes()
     hiddens = args.hidden or draw_hidden_sizes(args.seed, args.count, excluded)
-    cases = build_cases(hiddens, args.dtypes, args.small_rows)
+    cases = build_cases(hiddens, args.dtypes, args.small_rows, bulk=not args.no_bulk)
     bulk = [c for c in cases if c.kind == "bulk"]
     print(f"hidden sizes (seed {args.seed}): {', '.join(map(str, hiddens))}; odd: "
           f"{', '.join(str(h) for h in hiddens if h % 8) or 'none'}; "

@@ -468,6 +468,34 @@ def test_store_pass_unrolled_fully_only_where_measured():
     assert full not in plain
 
 
+def test_weights_load_beside_x_at_two_vectors_a_thread_or_fewer():
+    from autonorm.ops.layer_norm.plan import derive_plan
+
+    bf16 = Problem(490, "bfloat16")
+    two = KernelConfig(threads=128, vec=2, cache="registers", stats="two_pass")  # 2 vectors
+    assert derive_plan(two, bf16, H200).early_affine
+    src = render(two, bf16, H200).source
+    # loaded after x's cache and before the first reduction; the store pass reads them
+    assert src.index("wpre[it] = load_vec(wseg") < src.index("__shfl_xor_sync")
+    assert src.index("bpre[it] = load_vec(bseg") < src.index("__shfl_xor_sync")
+    assert "const Vec wv = wpre[it];" in src and "const Vec bv = bpre[it];" in src
+    assert "wseg + (size_t)j * V" not in src[src.index("const float rstd"):]
+    skewed = render(KernelConfig(threads=256, vec=2, cache="registers", stats="two_pass"),
+                    Problem(1001, "float32"), H200).source
+    assert "wpre[it] = load_shifted(wseg, j, h);" in skewed
+    # More vectors a thread, another row cache, a persistent grid, the residual add, no
+    # weight or bias: the weights load in the store pass, as before
+    for config, problem in (
+        (dataclasses.replace(two, threads=64), bf16),  # 4 vectors
+        (dataclasses.replace(two, cache="smem"), bf16),
+        (dataclasses.replace(two, blocks_per_sm=2), bf16),
+        (two, Problem(490, "bfloat16", residual=True)),
+        (two, Problem(490, "bfloat16", has_weight=False, has_bias=False)),
+    ):
+        assert not derive_plan(config, problem, H200).early_affine, (config, problem)
+        assert "wpre" not in render(config, problem, H200).source
+
+
 # --------------------------------------------------------------------------- launch plans
 
 

@@ -289,7 +289,7 @@ def branch(plan: Plan) -> tuple:
             config.rows_per_block > 1, (shape.threads_per_row > 32) - (shape.threads_per_row < 32),
             shape.even, shape.skewed, plan.prefetch, plan.fp32_row, plan.async_fill,
             plan.fused_passes, plan.unrolled_store, plan.fp32_tile, plan.weights_in_registers,
-            plan.deferred_refill)
+            plan.deferred_refill, plan.early_affine)
 
 
 def branch_picks(family, problem, limits, rng: random.Random, count: int) -> list[KernelConfig]:  # noqa: ANN001

@@ -187,6 +187,40 @@ def test_the_latency_split_needs_rows_of_32_kb():
         assert heuristic.latency_configs(below, 1)  # a seed still, not the default
 
 
+@pytest.mark.parametrize(("dtype", "hidden", "rows", "shape"), [
+    ("bfloat16", 490, 1, "t128v2r1"),  # pairs divide the row: 245 of them over 128 threads
+    ("float16", 1001, 64, "t256v2r1"),  # odd: skewed pairs
+    ("float32", 1001, 256, "t256v2r1"),
+    ("bfloat16", 2053, 1, "t512v4r1"),  # pairs would need 1,024 threads: fours
+    ("bfloat16", 2053, 256, "t256v8r1"),  # more rows than SMs: 256 threads at most
+    ("float32", 1072, 256, "t256v4r1"),
+    ("bfloat16", 4096, 128, "t256v8r1"),
+])
+def test_a_few_short_rows_take_a_block_each_at_two_vectors_a_thread(dtype, hidden, rows, shape):
+    problem = Problem(hidden, dtype)
+    config = default_config(problem, H200, rows)
+    assert config.label() == f"{shape}-registers-two_pass-c1-p0"
+    plan = derive_plan(config, problem)
+    assert plan.shape.iters <= 2 and plan.early_affine
+    assert heuristic.few_rows_config(problem, rows_bucket(rows)) == config
+
+
+def test_the_few_row_shape_keeps_to_its_bounds():
+    few = heuristic.few_rows_config
+    # Over 256 rows, over 8 KB a row, fp32 rows that need more than 256 threads, the residual
+    # add, rows too short for 64 threads: the rule's other branches decide
+    assert few(Problem(490, "bfloat16"), 512) is None
+    assert default_config(Problem(490, "bfloat16"), H200, 512) == row_kernel_default(
+        Problem(490, "bfloat16"))
+    assert few(Problem(8192, "bfloat16"), 1) is None
+    assert few(Problem(2053, "float32"), 1) is None
+    assert few(Problem(490, "bfloat16", residual=True), 1) is None
+    assert few(Problem(200, "bfloat16"), 1) is None
+    # Before Hopper the row kernel's default stays (the shape was timed on an H200 only)
+    assert default_config(Problem(490, "bfloat16"), A100, 1) == row_kernel_default(
+        Problem(490, "bfloat16"), A100)
+
+
 def test_seeds_start_with_the_default_and_keep_the_row_kernels_neighbourhood():
     for problem, rows in ((Problem(16384, "bfloat16"), 4096), (Problem(20000, "float32"), 3355),
                           (Problem(16384, "float16"), 1), (Problem(768, "bfloat16"), 87381)):

@@ -74,7 +74,7 @@ def branch(plan: Plan) -> tuple:
     tpr = plan.shape.threads_per_row
     return (c.cache, c.stats, c.rows_per_block > 1, c.keep_x, plan.fp32_row, plan.async_fill,
             plan.fused_passes, plan.unrolled_store, (tpr > 32) - (tpr < 32), c.blocks_per_sm > 0,
-            plan.fp32_tile, plan.deferred_refill, plan.weights_in_smem)
+            plan.fp32_tile, plan.deferred_refill, plan.weights_in_smem, plan.early_affine)
 
 
 def skewed_cover(problem: Problem, limits) -> list[KernelConfig]:  # noqa: ANN001

@@ -13,6 +13,7 @@ from autonorm.ops import layer_norm as space
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm import rules
 from autonorm.ops.layer_norm.config import CLUSTERS, ROWS_PER_BLOCK, THREADS, KernelConfig
+from autonorm.ops.layer_norm.heuristic import few_rows_config
 from autonorm.ops.layer_norm.plan import derive_plan, min_blocks_per_sm, smem_bytes
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, is_valid, require_valid
@@ -107,6 +108,10 @@ def test_odd_sizes_default_to_full_width_vectors(hidden, dtype):
     for rows in (None, 1, 64, max(1, 2**26 // hidden)):
         cfg = default_config(problem) if rows is None else default_config(problem, H200, rows)
         assert_accepted(cfg, problem)
+        few = None if rows is None else few_rows_config(problem, rows_bucket(rows))
+        if few is not None:  # a few short rows: two vectors a thread, of a width they set
+            assert cfg == few, cfg.label()
+            continue
         assert cfg.vec == problem.max_vec, cfg.label()  # 16-byte accesses, rows skewed
         if 1000 <= hidden <= 40001:
             assert cfg.cache != "none", cfg.label()  # a cached row: x is read once

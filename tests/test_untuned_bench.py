@@ -85,6 +85,8 @@ def test_bulk_shapes_hold_2_to_the_26_elements_and_come_first():
     assert {(c.hidden, c.rows) for c in bulk} == {(1000, 2**26 // 1000), (4567, 2**26 // 4567)}
     assert [c.rows for c in cases[4:]] == [1, 1, 1, 1, 64, 64, 64, 64]
     assert [c.odd for c in bulk[:2]] == [False, True]
+    small_only = untuned.build_cases([1000, 4567], ["bf16"], [1, 64], bulk=False)
+    assert [(c.kind, c.rows) for c in small_only] == [("small", 1)] * 2 + [("small", 64)] * 2
 
 
 # -- the summary ---------------------------------------------------------------------------------
@@ -247,6 +249,7 @@ def test_plan_lists_the_shapes_without_a_gpu():
     (["--small-rows", "1,x"], "--small-rows"),
     (["--small-rows", "512"], "--small-rows"),
     (["--count", "0"], "--count"),
+    (["--no-bulk", "--no-small"], "--no-bulk"),
 ])
 def test_bad_arguments_end_in_one_line_naming_the_flag(argv, flag):
     run = _run(str(BENCHMARKS / "untuned.py"), *argv)

@@ -159,5 +159,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "wsmem_offset": plan.weights_smem_offset,
         "FTILE": plan.fp32_tile,
         "DEFER": plan.deferred_refill,
+        "EARLY_AFFINE": plan.early_affine,
         "stage_bytes": plan.stage_bytes,
     }

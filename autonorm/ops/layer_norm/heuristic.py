@@ -34,6 +34,11 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   of the H200 grid (docs/results.md) where the rule takes the bulk kernel (with the few-rows
   split above), 23 winners are its pick exactly, two differ in stages only (bf16 65536, fp32
   32768: 3) and one is a row kernel (bf16 16384 at 8 rows, where the split ran x0.985).
+- **256 rows or fewer of up to 8 KB** (not the residual add): :func:`few_rows_config`, one
+  row a block at two vectors a thread, so that weight and bias load with x
+  (``plan.early_affine``). A launch is then one block's chain of loads, reductions and stores,
+  and its length, not bandwidth, is the time: at 1-256 rows of 490 and 1001 elements it took
+  the default from x0.57-0.88 of the fastest peer to x0.89-1.09 (docs/kernels.md, few rows).
 - **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
   row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
   it is the winner, at the others a neighbour in threads, rows a block or cache.
@@ -98,6 +103,11 @@ ROW_KEEP_X_MAX_BYTES = 8 * KB
 # Skewed rows (off the vector grid) of this many bytes or more take the bulk kernel from
 # BULK_ROWS_PER_SM rows an SM.
 SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
+
+# Rows buckets up to FEW_ROWS of rows up to FEW_ROWS_MAX_ROW_BYTES take the few-row shape.
+FEW_ROWS = 256
+
+FEW_ROWS_MAX_ROW_BYTES = 8 * KB
 
 
 def default_config(
@@ -229,8 +239,44 @@ def _capped(config: KernelConfig, problem: Problem, device: DeviceLimits) -> Ker
     return config
 
 
+def few_rows_config(
+    problem: Problem, bucket: int, device: DeviceLimits = H200
+) -> KernelConfig | None:
+    """Return the row kernel's shape for a few short rows, or None where it does not apply.
+
+    One row a block, the widest vector that divides the row (two elements at least: odd rows
+    take a skewed pair; a wider one where that needs more threads than the cap), and the
+    threads, a power of two, that give each two vectors or one:
+    weight and bias then load beside x (``plan.early_affine``). More threads would run more
+    warps through each reduction's barrier; more vectors a thread, a longer chain. The cap is
+    512 threads for 16-bit rows while a block an SM holds every row, else 256 (a 512-thread
+    block holding the weights as well took more registers than two blocks an SM allow, and
+    256 rows then ran in two waves); past it, or past FEW_ROWS_MAX_ROW_BYTES, None.
+
+    On the H200 (CUDA-graph replay, against the fastest of torch eager, torch.compile and
+    Liger) LayerNorm at 1-256 rows of 490 and 1001 elements went from x0.57-0.88 to x0.89-1.09
+    in every dtype; docs/kernels.md (few rows). The residual add was not timed with it, so it
+    keeps the default.
+    """
+    row_bytes = problem.hidden * problem.itemsize
+    if problem.residual or bucket > FEW_ROWS or row_bytes > FEW_ROWS_MAX_ROW_BYTES:
+        return None
+    dividing = max(v for v in VECS if v <= problem.max_vec and problem.hidden % v == 0)
+    cap = 512 if problem.itemsize == 2 and bucket <= device.sm_count else 256
+    for vec in (v for v in VECS if max(dividing, 2) <= v <= problem.max_vec):
+        threads = 1 << max(0, math.ceil(math.log2(math.ceil(problem.hidden / vec / 2))))
+        if threads <= cap:
+            config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0)
+            ok = threads >= 64 and not check(config, problem, device)
+            return config if ok else None
+    return None
+
+
 def _row_kernel(problem: Problem, device: DeviceLimits, bucket: int) -> KernelConfig:
-    """The row kernel's default on Hopper: fp32 rows one a block, keep_x on short rows."""
+    """The row kernel's default on Hopper: the few-row shape, else fp32 one row a block."""
+    few = few_rows_config(problem, bucket, device)
+    if few is not None:
+        return few
     config = row_kernel_default(problem, device)
     if problem.itemsize == 4 and config.rows_per_block > 1 and config.threads_per_row >= 32:
         alone = dataclasses.replace(config, threads=config.threads_per_row, rows_per_block=1)

@@ -68,6 +68,12 @@ SKEWED_WEIGHT_ITERS = 5
 # benchmarks/skew_weights.py and the tests set it to compare.
 SKEWED_WEIGHTS_IN_SMEM: frozenset[str] = frozenset({"layer"})
 
+# The row kernel with a register cache loads weight and bias beside x, before the statistics,
+# where a thread holds this many vectors of a row or fewer. With a few rows a launch is one
+# chain of dependent steps, and loads issued after the statistics add a round trip to it; the
+# registers they hold meanwhile are few at this depth (docs/kernels.md, few rows).
+EARLY_AFFINE_ITERS = 2
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -94,6 +100,7 @@ class Plan:
         unrolled_store: the normalize-and-store pass is unrolled fully, not 4 vectors deep.
         deferred_refill: the bulk kernel refills the previous iteration's stage after its
             first row sum's barrier instead of behind a barrier of its own.
+        early_affine: the row kernel loads weight and bias beside x, before the statistics.
     """
 
     config: KernelConfig
@@ -115,6 +122,7 @@ class Plan:
     deferred_refill: bool
     weights_in_smem: bool = False
     weights_smem_offset: int = 0
+    early_affine: bool = False
 
     @property
     def bulk(self) -> bool:
@@ -206,6 +214,10 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         ),
         weights_in_smem=wsmem,
         weights_smem_offset=wsmem_offset,
+        early_affine=(
+            config.cache == "registers" and not prefetch and shape.iters <= EARLY_AFFINE_ITERS
+            and (problem.has_weight or problem.has_bias) and not problem.residual
+        ),
     )
 
 

@@ -1,0 +1,85 @@
+"""GPU: the default's few-row shapes verify, and broken early weight loads fail.
+
+At 256 rows or fewer of up to 8 KB the default gives each row a block at two vectors a thread,
+and the kernel loads weight and bias beside x (``plan.early_affine``; docs/kernels.md, few
+rows). These tests verify those kernels against float64 for LayerNorm and RMSNorm in every
+dtype, on rows on and off the vector grid (the verifier's cases meet every row alignment),
+hold fp32 to 1e-6 on rows of mean 1000 and spread 0.1, and show that the verifier rejects a
+kernel whose early loads read the wrong array or the unshifted weights of a skewed row.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_gpu_skew import (  # compiled: the fixture, compiling in a process pool
+    assert_break_rejected,
+    compiled,  # noqa: F401
+    verify_all,
+    verify_offset_rows,
+)
+
+from autonorm.dtypes import DTYPES
+from autonorm.ops import registry
+from autonorm.ops.layer_norm.heuristic import few_rows_config
+from autonorm.ops.layer_norm.plan import derive_plan
+
+pytestmark = pytest.mark.gpu
+
+HIDDEN = (490, 1001, 1072, 2053, 2416, 4096)
+ROWS = (1, 256)
+
+# (text, replacement) in an early-affine kernel: the weights read from the bias, and a skewed
+# row's weights read on the aligned grid instead of shifted to the row's start.
+BREAKS = {
+    "weights-from-bias": ("wpre[it] = load_vec(wseg", "wpre[it] = load_vec(bseg"),
+    "weights-unshifted": ("wpre[it] = load_shifted(wseg, j, h);",
+                          "wpre[it] = load_vec(wseg + (size_t)j * V);"),
+}
+
+
+def few_row_work(dtype: str, limits) -> list[tuple]:  # noqa: ANN001
+    """(problem, rendered) for the few-row default of each op, hidden size and rows bucket."""
+    work = []
+    for op in ("layer_norm", "rms_norm"):
+        family = registry.get(op)
+        for hidden in HIDDEN:
+            problem = family.problem(hidden=hidden, dtype=dtype)
+            for rows in ROWS:
+                config = family.default(problem, limits, rows)
+                if config == few_rows_config(problem, rows, limits):
+                    work.append((problem, family.render(config, problem, limits)))
+    return work
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_few_row_defaults_verify(compiled, dtype: str) -> None:  # noqa: F811
+    limits = compiled.limits
+    work = few_row_work(dtype, limits)
+    plans = [derive_plan(r.config, p, limits) for p, r in work]
+    assert len(work) >= 12 and all(plan.early_affine for plan in plans)
+    assert any(plan.shape.skewed for plan in plans)
+    verify_all(compiled, work)
+    print(f"\n{dtype}: {len(work)} few-row kernels verified")
+
+
+@pytest.mark.parametrize("op", ("layer_norm", "rms_norm"))
+@pytest.mark.parametrize("hidden", (490, 1001))
+def test_fp32_offset_rows_stay_within_1e6_in_the_few_row_shape(compiled, op, hidden) -> None:  # noqa: F811, ANN001
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype="float32")
+    config = few_rows_config(problem, 1, compiled.limits)
+    assert config is not None and derive_plan(config, problem, compiled.limits).early_affine
+    verify_offset_rows(compiled, problem, family.render(config, problem, compiled.limits))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_a_broken_early_weight_load_is_rejected(compiled, dtype: str, name: str) -> None:  # noqa: F811
+    old, new = BREAKS[name]
+    family = registry.get("layer_norm")
+    hidden = 1072 if name == "weights-from-bias" else 1001  # on the vector grid, then off it
+    problem = family.problem(hidden=hidden, dtype=dtype)
+    config = few_rows_config(problem, 1, compiled.limits)
+    assert config is not None
+    rendered = family.render(config, problem, compiled.limits)
+    assert_break_rejected(compiled, problem, rendered, old, new, name)
