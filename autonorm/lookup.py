@@ -4,7 +4,8 @@ Dispatch (at run time) and export (offline) both ask here. Given the open tuning
 user first, the order is:
 
 1. the user's winner for the exact rows bucket, then the shipped one;
-2. the user's winner of the nearest tuned bucket, then the shipped one;
+2. the user's winner of the nearest tuned bucket, then the shipped one, within
+   ``NEAREST_MAX_OCTAVES`` of this bucket;
 3. a neighbour's winner, carried over: the user's, then the shipped ones, of the other
    problems of the family that the family lets lend to this one (its optional
    ``neighbour_distance``: for LayerNorm the same dtype and affine flags, a hidden size less
@@ -51,6 +52,13 @@ if TYPE_CHECKING:
 # few, where the default has a rule of its own (its regimes change at factors of about 8). A
 # shape of rows = 2^26 / hidden meets its neighbours' of 2^26 elements within 1.5.
 NEIGHBOUR_MAX_OCTAVES = 2.0
+
+# How far, in octaves, the nearest tuned bucket of the same problem may lie from the bucket
+# looked up (16x). Further away the default for the row count is faster: on the H200, over the
+# shipped problems at 1-8,192 rows, the winner of a bucket 5-7 octaves away ran 1.03-1.10x the
+# default's time (geometric mean) and one 8-16 octaves away 1.06-1.21x, while within 4 octaves
+# the winner was 0.95-1.03x (docs/tuning.md, lookup).
+NEAREST_MAX_OCTAVES = 4.0
 
 # What a stored winner is to a problem on a device (see verdict()).
 USABLE = "usable"
@@ -161,7 +169,9 @@ def choose(
                 key = TuningKey.for_problem(place.fingerprint, problem, rows)
                 if nearest:
                     found = [w for w in store.winners_by_distance(key)
-                             if w.key.rows_bucket != key.rows_bucket]
+                             if w.key.rows_bucket != key.rows_bucket
+                             and _octaves(w.key.rows_bucket, key.rows_bucket)
+                             <= NEAREST_MAX_OCTAVES]
                     source = f"{store.source}-nearest"
                 else:
                     found = [w for w in (store.get_winner(key),) if w is not None]
@@ -254,3 +264,8 @@ def _first_carried(
         if status == USABLE:
             return Choice(config, source, winner)
     return None
+
+
+def _octaves(bucket: int, other: int) -> float:
+    """How many octaves apart two rows buckets are."""
+    return abs(math.log2(bucket) - math.log2(other))

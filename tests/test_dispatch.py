@@ -134,6 +134,19 @@ def test_shipped_nearest_when_user_has_nothing(dbs):
     assert (choice.source, choice.config) == ("shipped-nearest", D)
 
 
+@pytest.mark.parametrize("factor", [32, 1 / 32])
+def test_a_bucket_over_sixteen_times_away_lends_nothing(dbs, factor):
+    user, shipped = dbs
+    _put(user, A, bucket=int(ROWS * factor))
+    _put(shipped, B, bucket=int(ROWS * factor))
+    rows = ROWS if factor > 1 else ROWS // 2 + 1  # the lowest row count of the bucket too
+    choice = dispatch.choose_config(PROBLEM, rows)
+    assert choice == dispatch.Choice(default_config(PROBLEM, H200.limits(), rows), "default")
+    _put(shipped, D, bucket=int(ROWS * factor * (0.5 if factor > 1 else 2)))  # 16x away
+    assert dispatch.choose_config(PROBLEM, rows) == dispatch.Choice(D, "shipped-nearest")
+    assert lookup.NEAREST_MAX_OCTAVES == 4.0
+
+
 @pytest.mark.parametrize("value", ["1", "yes"])
 def test_no_keep_x_launches_the_winner_without_its_hint(dbs, monkeypatch, value):
     import dataclasses
@@ -184,7 +197,7 @@ def test_the_choice_names_its_winner(dbs):
     choice = dispatch.choose_config(PROBLEM, ROWS)
     assert choice.winner.key == _key() and choice.winner.source == "shipped"
     assert choice.winner.kernel == _kernel(B)
-    assert dispatch.choose_config(PROBLEM, ROWS * 64).winner.key == _key()  # nearest
+    assert dispatch.choose_config(PROBLEM, ROWS * 16).winner.key == _key()  # nearest
     assert dispatch.choose_config(Problem(768), ROWS).winner is None  # default
 
 

@@ -207,7 +207,7 @@ def test_tune_store_look_up_and_export_a_toy_family(toy, tmp_path):
         device = lookup.Device(DEVICE.fingerprint, DEVICE.limits())
         exact = lookup.choose(problem, 1000, device, [store])
         assert (exact.config, exact.source) == (ScaleConfig(256, 4), "user")
-        near = lookup.choose(problem, 8, device, [store])
+        near = lookup.choose(problem, 64, device, [store])
         assert (near.config, near.source) == (ScaleConfig(256, 4), "user-nearest")
         # Another problem of the family gets the family's default.
         other = lookup.choose(ScaleProblem(1000), 1024, device, [store])

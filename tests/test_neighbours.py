@@ -123,9 +123,16 @@ def test_the_user_database_lends_before_the_shipped_one(user, shipped):
 
 def test_a_problems_own_winners_come_before_a_neighbours(user, shipped):
     put(shipped, Problem(4096), ROW, 4096)
-    put(user, Problem(5000), ROW2, 64)  # its own, in a far bucket
+    put(user, Problem(5000), ROW2, 256)  # its own, in a bucket 16x away
     choice = lookup.choose(Problem(5000), 4096, DEVICE, [user, shipped])
     assert (choice.source, choice.config) == ("user-nearest", ROW2)
+
+
+def test_a_neighbour_at_these_rows_comes_before_a_bucket_over_sixteen_times_away(user, shipped):
+    put(shipped, Problem(4096), ROW, 4096)
+    put(user, Problem(5000), ROW2, 128)  # its own, 32x away: another regime of rows
+    choice = lookup.choose(Problem(5000), 4096, DEVICE, [user, shipped])
+    assert (choice.source, choice.config) == ("shipped-neighbour", ROW)
 
 
 def test_only_the_same_device_dtype_and_flags_lend(user):
