@@ -483,17 +483,44 @@ def test_weights_load_beside_x_at_two_vectors_a_thread_or_fewer():
     skewed = render(KernelConfig(threads=256, vec=2, cache="registers", stats="two_pass"),
                     Problem(1001, "float32"), H200).source
     assert "wpre[it] = load_shifted(wseg, j, h);" in skewed
-    # More vectors a thread, another row cache, a persistent grid, the residual add, no
-    # weight or bias: the weights load in the store pass, as before
+    # With the residual add: after h's cache, which the statistics read
+    added = render(two, Problem(490, "bfloat16", residual=True), H200).source
+    assert added.index("keep_sum(") < added.index("wpre[it] = load_vec(wseg")
+    assert added.index("bpre[it] = load_vec(bseg") < added.index("__shfl_xor_sync")
+    # More vectors a thread, another row cache, a persistent grid, a register cap, a float32
+    # residual beside 16-bit x, no weight or bias: the weights load in the store pass
     for config, problem in (
         (dataclasses.replace(two, threads=64), bf16),  # 4 vectors
         (dataclasses.replace(two, cache="smem"), bf16),
         (dataclasses.replace(two, blocks_per_sm=2), bf16),
-        (two, Problem(490, "bfloat16", residual=True)),
+        (dataclasses.replace(two, max_regs=64), bf16),
+        (two, Problem(490, "bfloat16", residual=True, residual_dtype="float32")),
         (two, Problem(490, "bfloat16", has_weight=False, has_bias=False)),
     ):
         assert not derive_plan(config, problem, H200).early_affine, (config, problem)
         assert "wpre" not in render(config, problem, H200).source
+
+
+def test_fp32_early_weight_kernels_take_rsqrtf_and_sum_squares_plainly():
+    from autonorm.ops.layer_norm.plan import derive_plan
+    from autonorm.ops.rms_norm.problem import Problem as RmsProblem
+
+    two = KernelConfig(threads=256, vec=4, cache="registers", stats="two_pass")  # 2 vectors
+    for problem in (RmsProblem(2048, "float32"), RmsProblem(2048, "float32", residual=True),
+                    Problem(2048, "float32")):
+        assert derive_plan(two, problem, H200).lean_fp32
+        src = render(two, problem, H200).source
+        assert "rsqrtf(var + eps)" in src and "1.0f / sqrtf" not in src
+        assert "c2" not in src  # no compensation term
+    # 16-bit early kernels, fp32 kernels of more vectors a thread and the bulk kernel keep IEEE
+    # sqrt and division, and RMSNorm's compensated sum in fp32
+    four = dataclasses.replace(two, threads=128)
+    for config, problem in ((two, RmsProblem(4096, "bfloat16")),
+                            (four, RmsProblem(2048, "float32")), (four, Problem(2048, "float32"))):
+        assert not derive_plan(config, problem, H200).lean_fp32
+        src = render(config, problem, H200).source
+        assert "1.0f / sqrtf(var + eps)" in src and "rsqrtf(" not in src
+    assert "c2 = (t - s2) - q" in render(four, RmsProblem(2048, "float32"), H200).source
 
 
 # --------------------------------------------------------------------------- launch plans

@@ -21,6 +21,7 @@ from autonorm.ops.layer_norm.heuristic import default_config, row_kernel_default
 from autonorm.ops.layer_norm.plan import derive_plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.rms_norm.problem import Problem as RmsProblem
 from autonorm.runtime.limits import H200, DeviceLimits
 
 DEVICES = {"H200": H200, "A100": A100, "B200": B200}
@@ -205,16 +206,34 @@ def test_a_few_short_rows_take_a_block_each_at_two_vectors_a_thread(dtype, hidde
     assert heuristic.few_rows_config(problem, rows_bucket(rows)) == config
 
 
+@pytest.mark.parametrize(("family", "dtype", "hidden", "rows", "shape"), [
+    ("layer", "bfloat16", 490, 1, "t128v2r1"),
+    ("rms", "float16", 1024, 8, "t64v8r1"),
+    ("rms", "float32", 2048, 64, "t256v4r1"),
+    ("layer", "bfloat16", 4096, 256, "t256v8r1"),
+])
+def test_the_residual_add_takes_the_few_row_shape_with_its_early_weights(
+    family, dtype, hidden, rows, shape
+):
+    problem = (Problem if family == "layer" else RmsProblem)(hidden, dtype, residual=True)
+    config = default_config(problem, H200, rows)
+    assert config.label() == f"{shape}-registers-two_pass-c1-p0"
+    assert derive_plan(config, problem).early_affine
+    wide = dataclasses.replace(problem, residual_dtype="float32") if dtype != "float32" else None
+    if wide is not None:
+        assert not derive_plan(config, wide).early_affine
+
+
 def test_the_few_row_shape_keeps_to_its_bounds():
     few = heuristic.few_rows_config
-    # Over 256 rows, over 8 KB a row, fp32 rows that need more than 256 threads, the residual
-    # add, rows too short for 64 threads: the rule's other branches decide
+    # Over 256 rows, over 8 KB a row, fp32 rows that need more than 256 threads, a float32
+    # residual beside 16-bit x, rows too short for 64 threads: the rule's other branches decide
     assert few(Problem(490, "bfloat16"), 512) is None
     assert default_config(Problem(490, "bfloat16"), H200, 512) == row_kernel_default(
         Problem(490, "bfloat16"))
     assert few(Problem(8192, "bfloat16"), 1) is None
     assert few(Problem(2053, "float32"), 1) is None
-    assert few(Problem(490, "bfloat16", residual=True), 1) is None
+    assert few(Problem(490, "bfloat16", residual=True, residual_dtype="float32"), 1) is None
     assert few(Problem(200, "bfloat16"), 1) is None
     # Before Hopper the row kernel's default stays (the shape was timed on an H200 only)
     assert default_config(Problem(490, "bfloat16"), A100, 1) == row_kernel_default(

@@ -2,10 +2,11 @@
 
 At 256 rows or fewer of up to 8 KB the default gives each row a block at two vectors a thread,
 and the kernel loads weight and bias beside x (``plan.early_affine``; docs/kernels.md, few
-rows). These tests verify those kernels against float64 for LayerNorm and RMSNorm in every
-dtype, on rows on and off the vector grid (the verifier's cases meet every row alignment),
-hold fp32 to 1e-6 on rows of mean 1000 and spread 0.1, and show that the verifier rejects a
-kernel whose early loads read the wrong array or the unshifted weights of a skewed row.
+rows). These tests verify those kernels against float64 for LayerNorm and RMSNorm, with and
+without the residual add, in every dtype, on rows on and off the vector grid (the verifier's
+cases meet every row alignment), hold fp32 to 1e-6 on rows of mean 1000 and spread 0.1, and
+show that the verifier rejects a kernel whose early loads read the wrong array or the
+unshifted weights of a skewed row.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ BREAKS = {
 }
 
 
-def few_row_work(dtype: str, limits) -> list[tuple]:  # noqa: ANN001
+def few_row_work(dtype: str, limits, residual: bool = False) -> list[tuple]:  # noqa: ANN001
     """(problem, rendered) for the few-row default of each op, hidden size and rows bucket."""
     work = []
     for op in ("layer_norm", "rms_norm"):
         family = registry.get(op)
         for hidden in HIDDEN:
-            problem = family.problem(hidden=hidden, dtype=dtype)
+            problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
             for rows in ROWS:
                 config = family.default(problem, limits, rows)
                 if config == few_rows_config(problem, rows, limits):
@@ -51,35 +52,50 @@ def few_row_work(dtype: str, limits) -> list[tuple]:  # noqa: ANN001
     return work
 
 
+@pytest.mark.parametrize("residual", (False, True))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_few_row_defaults_verify(compiled, dtype: str) -> None:  # noqa: F811
+def test_the_few_row_defaults_verify(compiled, dtype: str, residual: bool) -> None:  # noqa: F811
     limits = compiled.limits
-    work = few_row_work(dtype, limits)
+    work = few_row_work(dtype, limits, residual)
     plans = [derive_plan(r.config, p, limits) for p, r in work]
     assert len(work) >= 12 and all(plan.early_affine for plan in plans)
     assert any(plan.shape.skewed for plan in plans)
     verify_all(compiled, work)
-    print(f"\n{dtype}: {len(work)} few-row kernels verified")
+    print(f"\n{dtype} residual={residual}: {len(work)} few-row kernels verified")
 
 
+@pytest.mark.parametrize("residual", (False, True))
 @pytest.mark.parametrize("op", ("layer_norm", "rms_norm"))
 @pytest.mark.parametrize("hidden", (490, 1001))
-def test_fp32_offset_rows_stay_within_1e6_in_the_few_row_shape(compiled, op, hidden) -> None:  # noqa: F811, ANN001
+def test_fp32_offset_rows_stay_within_1e6_in_the_few_row_shape(compiled, op, hidden, residual) -> None:  # noqa: F811, ANN001, E501
     family = registry.get(op)
-    problem = family.problem(hidden=hidden, dtype="float32")
+    problem = family.problem(hidden=hidden, dtype="float32", residual=residual)
     config = few_rows_config(problem, 1, compiled.limits)
     assert config is not None and derive_plan(config, problem, compiled.limits).early_affine
     verify_offset_rows(compiled, problem, family.render(config, problem, compiled.limits))
 
 
+@pytest.mark.parametrize("residual", (False, True))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(BREAKS))
-def test_a_broken_early_weight_load_is_rejected(compiled, dtype: str, name: str) -> None:  # noqa: F811
+def test_a_broken_early_weight_load_is_rejected(compiled, dtype: str, name: str, residual: bool) -> None:  # noqa: F811, E501
     old, new = BREAKS[name]
     family = registry.get("layer_norm")
     hidden = 1072 if name == "weights-from-bias" else 1001  # on the vector grid, then off it
-    problem = family.problem(hidden=hidden, dtype=dtype)
+    problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
     config = few_rows_config(problem, 1, compiled.limits)
     assert config is not None
     rendered = family.render(config, problem, compiled.limits)
     assert_break_rejected(compiled, problem, rendered, old, new, name)
+
+
+@pytest.mark.parametrize("op", ("layer_norm", "rms_norm"))
+def test_an_fp32_scale_without_eps_is_rejected(compiled, op: str) -> None:  # noqa: F811
+    # The lean fp32 scale (rsqrtf): dropping eps leaves constant rows at 1 / 0.
+    family = registry.get(op)
+    problem = family.problem(hidden=1072, dtype="float32")
+    config = few_rows_config(problem, 1, compiled.limits)
+    assert config is not None and derive_plan(config, problem, compiled.limits).lean_fp32
+    rendered = family.render(config, problem, compiled.limits)
+    assert_break_rejected(compiled, problem, rendered, "rsqrtf(var + eps)", "rsqrtf(var)",
+                          "scale-without-eps")

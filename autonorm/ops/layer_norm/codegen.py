@@ -160,5 +160,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "FTILE": plan.fp32_tile,
         "DEFER": plan.deferred_refill,
         "EARLY_AFFINE": plan.early_affine,
+        "LEAN": plan.lean_fp32,
         "stage_bytes": plan.stage_bytes,
     }
