@@ -104,6 +104,10 @@ def bulk_blocks(
         with_weights += 32
     if problem.residual:  # 16-bit 16384, t512, 4 vectors, at the 64-register cap: 8-16 B spilled
         with_weights += 8
+        if problem.weight_offset:
+            # (1 + w) beside the residual: 16-bit 65536, t512 c2 and t256 c4 with one stage,
+            # 8 vectors, spilled 4-12 B at 128 registers with the weights held.
+            with_weights += 40
     if problem.wide_residual:
         # A float32 vector of the stage is two 16-byte loads: bf16 65536, t128 c8, 8 vectors
         # with weights in registers spilled 96 B at 128 registers.
