@@ -348,14 +348,18 @@ def _choices(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     return items
 
 
-def _hidden_list(text: str) -> list[int]:
+def _positive_list(text: str, flag: str = "--hidden", example: str = "1024,4096") -> list[int]:
     try:
         vals = [int(t) for t in _csv(text)]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--hidden: {exc}") from exc
+        raise argparse.ArgumentTypeError(f"{flag}: {exc}") from exc
     if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError("--hidden: give positive integers, e.g. 1024,4096")
+        raise argparse.ArgumentTypeError(f"{flag}: give positive integers, e.g. {example}")
     return vals
+
+
+def _hidden_list(text: str) -> list[int]:
+    return _positive_list(text)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -370,7 +374,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "  sweep    2^26 elements at each hidden size, single launches after an L2 flush,\n"
             "           as a share of a device-to-device copy of the same bytes;\n"
             "  llm      bf16, 4,096 tokens at hidden 4096 and 8192, timed as the sweep;\n"
-            "  latency  hidden 16384, rows 1-512: do_bench, CUDA-graph replay, host time.\n"
+            "  latency  hidden 16384, rows 1-512 (--latency-hidden, --latency-rows): do_bench,\n"
+            "           CUDA-graph replay, host time.\n"
             "Prints the tables and writes peers.json and peers.png to --out.\n"
             "Method: docs/timing.md. H200 figures: docs/results.md."
         ),
@@ -381,6 +386,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "  python benchmarks/peers.py --suites latency        the latency suite alone\n"
             "  python benchmarks/peers.py --op rms_norm --quick   RMSNorm, 4 hidden sizes\n"
             "  python benchmarks/peers.py --op add_rms_norm --quick  fused add + RMSNorm\n"
+            "  python benchmarks/peers.py --op rms_norm --suites latency --latency-hidden\n"
+            "      2048,4096,8192 --latency-rows 1,8,64 --latency-dtypes bf16,fp32   decode"
             "  python benchmarks/peers.py --selftest              no GPU: synthetic numbers"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -401,6 +408,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                       "autonorm,autonorm-inplace,eager,compile,liger")
     p.add_argument("--latency-dtypes", type=lambda s: _choices(s, DTYPES, "--latency-dtypes"),
                    default=["bf16"], help="dtypes of the latency and llm suites (default bf16)")
+    p.add_argument("--latency-hidden", default=[LATENCY_HIDDEN],
+                   type=lambda s: _positive_list(s, "--latency-hidden", "2048,4096"),
+                   help=f"hidden sizes of the latency suite (default {LATENCY_HIDDEN}), e.g. "
+                        "a model's decode shapes")
+    p.add_argument("--latency-rows", default=list(LATENCY_ROWS),
+                   type=lambda s: _positive_list(s, "--latency-rows", "1,8,64"),
+                   help="row counts of the latency suite (default "
+                        + ",".join(map(str, LATENCY_ROWS)) + ")")
     p.add_argument("--quick", action="store_true",
                    help="sweep only hidden " + ",".join(map(str, QUICK_HIDDEN)) + " in bf16,fp32")
     p.add_argument("--out", default=None,
@@ -443,8 +458,9 @@ def build_shapes(args: argparse.Namespace) -> list[Shape]:
                     shapes.append(Shape("sweep", dt, h, max(1, SWEEP_ELEMENTS // h), args.op))
         elif suite == "latency":
             for dt in args.latency_dtypes:
-                for r in LATENCY_ROWS:
-                    shapes.append(Shape("latency", dt, LATENCY_HIDDEN, r, args.op))
+                for h in args.latency_hidden:
+                    for r in args.latency_rows:
+                        shapes.append(Shape("latency", dt, h, r, args.op))
         elif suite == "llm":
             for dt in args.latency_dtypes:
                 for h in LLM_HIDDEN:
@@ -1416,9 +1432,10 @@ def print_summary(meta: dict, records: list[dict], names: list[str], plain: bool
     title = OPS[op].title
     latency = "Latency" if op == DEFAULT_OP else f"{title} latency"
     h, rows = latency_table(records, names)
-    render_table(f"{latency}, hidden {LATENCY_HIDDEN}: do_bench (L2 flushed) / CUDA graph / "
-                 "host-inclusive, us; best peer and autonorm/best per metric (<1 = autonorm "
-                 "faster)", h, rows, plain)
+    sizes = sorted({r["hidden"] for r in records if r["suite"] == "latency"}) or [LATENCY_HIDDEN]
+    render_table(f"{latency}, hidden {', '.join(map(str, sizes))}: do_bench (L2 flushed) / "
+                 "CUDA graph / host-inclusive, us; best peer and autonorm/best per metric "
+                 "(<1 = autonorm faster)", h, rows, plain)
     h, rows = bandwidth_table(records, names)
     render_table(f"{title}: GB/s and % of copy bandwidth (median of single launches, "
                  "L2 flushed by a read; copy of the same bytes); autonorm/best > 1 = autonorm "

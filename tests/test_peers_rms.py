@@ -132,3 +132,12 @@ def test_impls_refuse_what_the_op_has_not(peers):
     shape = peers.Shape("latency", "fp32", 64, 2, "rms_norm")
     with pytest.raises(peers.Unavailable, match="no rms_norm implementation"):
         impls.make("triton", shape, None, None, None, 1e-5)
+
+
+def test_the_latency_suite_takes_the_hidden_sizes_and_rows_given(tmp_path) -> None:
+    stdout, data = _selftest(tmp_path, "--suites", "latency", "--latency-hidden", "2048,4096",
+                             "--latency-rows", "1,64", "--latency-dtypes", "bf16,fp32")
+    shapes = {(m["dtype"], m["hidden"], m["rows"]) for m in data["measurements"]
+              if m["suite"] == "latency"}
+    assert shapes == {(d, h, r) for d in ("bf16", "fp32") for h in (2048, 4096) for r in (1, 64)}
+    assert "atency, hidden 2048, 4096: do_bench" in stdout
