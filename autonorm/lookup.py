@@ -55,9 +55,9 @@ NEIGHBOUR_MAX_OCTAVES = 2.0
 
 # How far, in octaves, the nearest tuned bucket of the same problem may lie from the bucket
 # looked up (16x). Further away the default for the row count is faster: on the H200, over the
-# shipped problems at 1-8,192 rows, the winner of a bucket 5-7 octaves away ran 1.03-1.10x the
-# default's time (geometric mean) and one 8-16 octaves away 1.06-1.21x, while within 4 octaves
-# the winner was 0.95-1.03x (docs/tuning.md, lookup).
+# shipped problems at 1-8,192 rows, the winner of a bucket 5-7 octaves away ran 1.03-1.08x the
+# default's time (geometric mean by octaves) and one 8-16 octaves away 1.06-1.21x, while within
+# 4 octaves the winner ran 0.96-1.03x (docs/tuning.md, lookup).
 NEAREST_MAX_OCTAVES = 4.0
 
 # What a stored winner is to a problem on a device (see verdict()).
