@@ -14,7 +14,7 @@ import pytest
 from autonorm.dtypes import DTYPES
 from autonorm.export.arch import A100, B200
 from autonorm.ops.base import rows_bucket
-from autonorm.ops.layer_norm import heuristic, space
+from autonorm.ops.layer_norm import few_rows, heuristic, space
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.heuristic import default_config, row_kernel_default
@@ -181,11 +181,17 @@ def test_the_bulk_threads_count_a_skewed_rows_extra_vector():
 def test_the_latency_split_needs_rows_of_32_kb():
     for dtype in DTYPES:
         itemsize = Problem(1, dtype).itemsize
-        at = Problem(32 * 1024 // itemsize, dtype)
         below = Problem(24 * 1024 // itemsize, dtype)
-        assert default_config(at, H200, 1).cluster == 8
+        assert default_config(Problem(64 * 1024 // itemsize, dtype), H200, 1).cluster == 8
         assert default_config(below, H200, 1).cluster == 1
         assert heuristic.latency_configs(below, 1)  # a seed still, not the default
+    # At 32 KB the split keeps the rows that the few-row shape gives 512 threads: 16-bit, and
+    # fp32 LayerNorm's fused add (whose early loads would hold 128 registers' worth at 256).
+    for dtype in ("bfloat16", "float16"):
+        assert default_config(Problem(16384, dtype), H200, 1).cluster == 8
+    assert default_config(Problem(8192, "float32", residual=True), H200, 8).cluster == 8
+    assert default_config(Problem(8192, "float32"), H200, 1).label() == (
+        "t256v4r1-registers-two_pass-c1-p0-e")
 
 
 @pytest.mark.parametrize(("dtype", "hidden", "rows", "shape"), [
@@ -224,15 +230,55 @@ def test_the_residual_add_takes_the_few_row_shape_with_its_early_weights(
         assert not derive_plan(config, wide).early_affine
 
 
+@pytest.mark.parametrize(("dtype", "hidden", "rows", "label"), [
+    # 256 threads at 3-8 vectors, the weights loaded beside x
+    ("float32", 3072, 1, "t256v4r1-registers-two_pass-c1-p0-e"),
+    ("float32", 4096, 64, "t256v4r1-registers-two_pass-c1-p0-e"),
+    ("float32", 8192, 256, "t256v4r1-registers-two_pass-c1-p0-e"),
+    ("bfloat16", 8192, 1, "t256v8r1-registers-two_pass-c1-p0-e"),
+    ("float16", 6144, 256, "t256v8r1-registers-two_pass-c1-p0-e"),
+    # 16-bit past 4 vectors at 256 threads: 512, no early loads, while a block an SM holds
+    # every row
+    ("bfloat16", 12288, 8, "t512v8r1-registers-two_pass-c1-p0"),
+    ("bfloat16", 16384, 64, "t512v8r1-registers-two_pass-c1-p0"),
+    # off the vector grid: no early loads; past a skewed cache's 4 vectors, 512 threads
+    ("float16", 6001, 1, "t256v8r1-registers-two_pass-c1-p0"),
+    ("float32", 4095, 64, "t512v4r1-registers-two_pass-c1-p0"),
+    ("bfloat16", 8191, 128, "t512v8r1-registers-two_pass-c1-p0"),
+])
+def test_a_few_long_rows_take_256_threads_with_early_weights(dtype, hidden, rows, label):
+    problem = Problem(hidden, dtype)
+    config = default_config(problem, H200, rows)
+    assert config.label() == label
+    assert heuristic.few_rows_config(problem, rows_bucket(rows)) == config
+    plan = derive_plan(config, problem)
+    assert plan.shape.iters > 2
+    assert plan.early_affine == config.early
+    assert plan.lean_fp32 == (config.early and dtype == "float32")
+
+
+def test_early_loads_stop_at_96_registers_worth_a_thread():
+    # LayerNorm's fused add at fp32 8192: x, residual, weight and bias of 8 vectors a thread
+    # at 256 threads (128 words): 512 threads at 4, then none past the SMs.
+    few = heuristic.few_rows_config
+    added = Problem(8192, "float32", residual=True)
+    assert few_rows._early_words(added, 32) == 128
+    assert few(added, 64).label() == "t512v4r1-registers-two_pass-c1-p0-e"
+    assert few(added, 256) is None
+    assert few(Problem(8192, "float32"), 256).early  # 96 words: x, weight and bias
+
+
 def test_the_few_row_shape_keeps_to_its_bounds():
     few = heuristic.few_rows_config
-    # Over 256 rows, over 8 KB a row, fp32 rows that need more than 256 threads, a float32
+    # Over 256 rows, over 32 KB a row, 16-bit rows of 512 threads over the SMs, a float32
     # residual beside 16-bit x, rows too short for 64 threads: the rule's other branches decide
     assert few(Problem(490, "bfloat16"), 512) is None
     assert default_config(Problem(490, "bfloat16"), H200, 512) == row_kernel_default(
         Problem(490, "bfloat16"))
-    assert few(Problem(8192, "bfloat16"), 1) is None
-    assert few(Problem(2053, "float32"), 1) is None
+    assert few(Problem(16385, "bfloat16"), 1) is None
+    assert few(Problem(8193, "float32"), 1) is None
+    assert few(Problem(16384, "bfloat16"), 256) is None
+    assert few(Problem(8192, "bfloat16", residual=True, residual_dtype="float32"), 1) is None
     assert few(Problem(490, "bfloat16", residual=True, residual_dtype="float32"), 1) is None
     assert few(Problem(200, "bfloat16"), 1) is None
     # Before Hopper the row kernel's default stays (the shape was timed on an H200 only)

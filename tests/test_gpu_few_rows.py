@@ -2,7 +2,8 @@
 
 At 256 rows or fewer of up to 8 KB the default gives each row a block at two vectors a thread,
 and the kernel loads weight and bias beside x (``plan.early_affine``; docs/kernels.md, few
-rows). These tests verify those kernels against float64 for LayerNorm and RMSNorm, with and
+rows); rows of 8-32 KB take 256 threads with the loads asked for (``KernelConfig.early``), or
+512 threads. These tests verify those kernels against float64 for LayerNorm and RMSNorm, with and
 without the residual add, in every dtype, on rows on and off the vector grid (the verifier's
 cases meet every row alignment), hold fp32 to 1e-6 on rows of mean 1000 and spread 0.1, and
 show that the verifier rejects a kernel whose early loads read the wrong array or the
@@ -87,6 +88,57 @@ def test_a_broken_early_weight_load_is_rejected(compiled, dtype: str, name: str,
     assert config is not None
     rendered = family.render(config, problem, compiled.limits)
     assert_break_rejected(compiled, problem, rendered, old, new, name)
+
+
+# Rows of 8-32 KB: 256 threads at 3-8 vectors with the weights loaded early (``early``), 512
+# for longer 16-bit rows and skewed ones past four vectors.
+LONG_HIDDEN = (3072, 4095, 6001, 8192, 12288, 16384)
+LONG_ROWS = (1, 64, 256)
+
+
+@pytest.mark.parametrize("residual", (False, True))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_long_few_row_defaults_verify(compiled, dtype: str, residual: bool) -> None:  # noqa: F811
+    limits = compiled.limits
+    work, plans = [], []
+    for op in ("layer_norm", "rms_norm"):
+        family = registry.get(op)
+        for hidden in LONG_HIDDEN:
+            problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
+            for rows in LONG_ROWS:
+                config = family.default(problem, limits, rows)
+                long_row = hidden * problem.itemsize > 8192
+                if long_row and config == few_rows_config(problem, rows, limits):
+                    work.append((problem, family.render(config, problem, limits)))
+                    plans.append(derive_plan(config, problem, limits))
+    assert len(work) >= 12
+    assert any(plan.config.early and plan.shape.iters > 2 for plan in plans)
+    verify_all(compiled, work)
+    print(f"\n{dtype} residual={residual}: {len(work)} long few-row kernels verified")
+
+
+@pytest.mark.parametrize("residual", (False, True))
+@pytest.mark.parametrize("op", ("layer_norm", "rms_norm"))
+def test_fp32_offset_rows_stay_within_1e6_with_early_loads_of_8_vectors(compiled, op, residual) -> None:  # noqa: F811, ANN001, E501
+    family = registry.get(op)
+    problem = family.problem(hidden=8192, dtype="float32", residual=residual)
+    config = few_rows_config(problem, 64, compiled.limits)
+    assert config is not None
+    plan = derive_plan(config, problem, compiled.limits)
+    assert plan.early_affine and plan.lean_fp32 and plan.shape.iters >= 4
+    verify_offset_rows(compiled, problem, family.render(config, problem, compiled.limits))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_broken_long_early_weight_load_is_rejected(compiled, dtype: str) -> None:  # noqa: F811
+    old, new = BREAKS["weights-from-bias"]
+    family = registry.get("layer_norm")
+    itemsize = family.problem(hidden=1, dtype=dtype).itemsize
+    problem = family.problem(hidden=16384 // itemsize, dtype=dtype)  # 16 KB: 4 vectors a thread
+    config = few_rows_config(problem, 1, compiled.limits)
+    assert config is not None and config.early
+    rendered = family.render(config, problem, compiled.limits)
+    assert_break_rejected(compiled, problem, rendered, old, new, name="long-weights-from-bias")
 
 
 @pytest.mark.parametrize("op", ("layer_norm", "rms_norm"))

@@ -357,7 +357,11 @@ def test_iter_space_covers_the_product():
     non_bulk = (shapes * len(other_caches) * len(space.STATS) * len(space.BLOCKS_PER_SM)
                 * len(space.MAX_REGS) * 2)
     bulk = shapes * len(bulk_stages) * 2
-    assert len(raw) == len(set(raw)) == non_bulk + bulk
+    # Early weight loads: the register cache's, one block a row tile, uncapped, unclustered.
+    early = len(THREADS) * len(space.VECS) * len(ROWS_PER_BLOCK) * len(space.STATS) * 2
+    assert len(raw) == len(set(raw)) == non_bulk + bulk + early
+    assert all(c.cache == "registers" and c.cluster == 1 and not c.blocks_per_sm
+               and not c.max_regs for c in raw if c.early)
     assert raw == list(iter_space())
     assert {
         (c.threads, c.vec, c.rows_per_block, c.cache, c.stats, c.cluster, c.blocks_per_sm,

@@ -69,8 +69,15 @@ def code_version() -> str:
 
 
 def kernel_name(config: KernelConfig, problem: Problem) -> str:
-    """Return the unique, deterministic C name of a kernel."""
-    text = repr((sorted(config.to_dict().items()), problem))
+    """Return the unique, deterministic C name of a kernel.
+
+    A field added to the configuration after winners were tuned enters the name only when set,
+    so the kernels that were timed keep their names, and their digests (``early``).
+    """
+    fields = config.to_dict()
+    if not fields["early"]:
+        del fields["early"]
+    text = repr((sorted(fields.items()), problem))
     prefix = "autonorm_ln_" if problem.norm == "layer" else f"autonorm_{problem.norm}_"
     return prefix + hashlib.sha256(text.encode()).hexdigest()[:16]
 

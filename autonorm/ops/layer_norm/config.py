@@ -47,10 +47,10 @@ MAX_REGS = (0, 64)
 # sized by occupancy (so no blocks_per_sm).
 BULK_FIXED: dict[str, object] = {"stats": "two_pass", "blocks_per_sm": 0, "max_regs": 0}
 
-# The form KernelConfig.label() writes (the stages, keep_x and register-cap suffixes only when
-# set).
+# The form KernelConfig.label() writes (the stages, keep_x, early and register-cap suffixes only
+# when set).
 _LABEL = re.compile(
-    r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(-k)?(?:-m(\d+))?")
+    r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(-k)?(-e)?(?:-m(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,14 @@ class KernelConfig:
             reading y after it lost nothing; a kernel that re-reads 16-40 MB from L2 right
             after it pays 0.2-3.6 us (docs/l2-hints.md). Dispatch drops it under
             ``AUTONORM_NO_KEEP_X=1``. Outside the bulk kernel, cluster 1 only.
+        early: the row kernel with a register cache loads weight and bias right after x, before
+            the statistics, at more vectors a thread than it does by itself
+            (``plan.EARLY_AFFINE_ITERS``, two); in fp32 it then takes the lean math too
+            (``plan.lean_fp32``). At a few rows a launch is one block's chain of steps and the
+            loads issued after the statistics lengthen it: at 1-64 rows of 16-32 KB the
+            default with it ran x1.04-1.16 of the same kernel without (H200, docs/kernels.md).
+            Register cache, one block a row tile (no persistent grid), no cluster, no register
+            cap, 3-8 vectors a thread.
 
     """
 
@@ -98,6 +106,7 @@ class KernelConfig:
     stages: int = 0
     max_regs: int = 0
     keep_x: bool = False
+    early: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Return the configuration as a plain dict (for JSON, Optuna and the DB)."""
@@ -131,15 +140,15 @@ class KernelConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a kernel label: {label!r} (e.g. t256v8r1-smem-two_pass-c1-p0)")
-        t, v, r, cache, stats, c, p, s, k, m = match.groups()
+        t, v, r, cache, stats, c, p, s, k, e, m = match.groups()
         return cls(int(t), int(v), int(r), cache, stats, int(c), int(p), int(s or 0), int(m or 0),
-                   bool(k))
+                   bool(k), bool(e))
 
     def label(self) -> str:
         """Return a short human-readable name, e.g. ``t256v8r1-registers-welford-c1-p0``.
 
-        Bulk configs end in their stages (``-s2``) and, keeping x in L2, ``-k``; capped ones in
-        their registers (``-m64``).
+        Bulk configs end in their stages (``-s2``) and, keeping x in L2, ``-k``; early weight
+        loads add ``-e``; capped ones end in their registers (``-m64``).
         """
         label = (
             f"t{self.threads}v{self.vec}r{self.rows_per_block}-{self.cache}-{self.stats}"
@@ -149,4 +158,6 @@ class KernelConfig:
             label += f"-s{self.stages}"
         if self.keep_x:
             label += "-k"
+        if self.early:
+            label += "-e"
         return f"{label}-m{self.max_regs}" if self.max_regs else label

@@ -79,16 +79,23 @@ class LayerNormFamily:
                 cluster=cluster, stages=stages, keep_x=keep_x,
                 **BULK_FIXED,  # type: ignore[arg-type]
             )
+        stats = trial.suggest_categorical("stats", STATS)
+        blocks_per_sm = trial.suggest_categorical("blocks_per_sm", BLOCKS_PER_SM)
+        max_regs = trial.suggest_categorical("max_regs", MAX_REGS)
+        # Early weight loads are the register cache's choice alone (rules._early_reasons).
+        early = (cache == "registers" and cluster == 1 and blocks_per_sm == 0 and max_regs == 0
+                 and trial.suggest_categorical("early", (False, True)))
         return KernelConfig(
             threads=threads,
             vec=vec,
             rows_per_block=rows_per_block,
             cache=cache,
-            stats=trial.suggest_categorical("stats", STATS),
+            stats=stats,
             cluster=cluster,
-            blocks_per_sm=trial.suggest_categorical("blocks_per_sm", BLOCKS_PER_SM),
-            max_regs=trial.suggest_categorical("max_regs", MAX_REGS),
+            blocks_per_sm=blocks_per_sm,
+            max_regs=max_regs,
             keep_x=keep_x,
+            early=early,
         )
 
     def check(self, config: KernelConfig, problem: Problem, device: DeviceLimits) -> list[str]:

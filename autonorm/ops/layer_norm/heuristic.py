@@ -34,12 +34,15 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   of the H200 grid (docs/results.md) where the rule takes the bulk kernel (with the few-rows
   split above), 23 winners are its pick exactly, two differ in stages only (bf16 65536, fp32
   32768: 3) and one is a row kernel (bf16 16384 at 8 rows, where the split ran x0.985).
-- **256 rows or fewer of up to 8 KB** (not a float32 residual beside 16-bit x):
-  :func:`few_rows_config`, one
-  row a block at two vectors a thread, so that weight and bias load with x
-  (``plan.early_affine``). A launch is then one block's chain of loads, reductions and stores,
-  and its length, not bandwidth, is the time: at 1-256 rows of 490 and 1001 elements it took
-  the default from x0.57-0.88 of the fastest peer to x0.89-1.09 (docs/kernels.md, few rows).
+- **256 rows or fewer of up to 32 KB** (not a float32 residual beside 16-bit x), checked
+  before the two branches above: :func:`few_rows_config`, one row a block. Up to 8 KB at two
+  vectors a thread, so that weight and bias load with x (``plan.early_affine``); at 8-32 KB at
+  256 threads with those loads asked for (``KernelConfig.early``), or 512 threads for longer
+  16-bit rows. A launch is then one block's chain of loads, reductions and stores, and its
+  length, not bandwidth, is the time: at 1-256 rows of 490 and 1001 elements it took the
+  default from x0.57-0.88 of the fastest peer to x0.89-1.09, and at 8-32 KB it ran x1.09 of
+  the picks before it (geometric mean over 175 shapes; docs/kernels.md, few rows). 32 KB rows
+  the shape gives 512 threads keep the cluster split.
 - **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
   row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
   it is the winner, at the others a neighbour in threads, rows a block or cache.
@@ -65,6 +68,7 @@ from collections.abc import Iterator
 from autonorm.errors import ConfigError
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
+from autonorm.ops.layer_norm.few_rows import few_rows_config
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, welford_run_cap
 from autonorm.ops.layer_norm.shape import skew_max, span_vectors
@@ -105,12 +109,6 @@ ROW_KEEP_X_MAX_BYTES = 8 * KB
 # BULK_ROWS_PER_SM rows an SM.
 SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
-# Rows buckets up to FEW_ROWS of rows up to FEW_ROWS_MAX_ROW_BYTES take the few-row shape.
-FEW_ROWS = 256
-
-FEW_ROWS_MAX_ROW_BYTES = 8 * KB
-
-
 def default_config(
     problem: Problem, device: DeviceLimits = H200, rows: int | None = None
 ) -> KernelConfig:
@@ -128,6 +126,13 @@ def default_config(
     if rows is None or device.cc < 90:
         return row_kernel_default(problem, device)
     bucket = rows_bucket(rows)
+    # Before the clustered and bulk picks: a few rows of up to 32 KB run fastest one a block,
+    # but where a 32 KB row takes 512 threads the split keeps its lead (H200, one row: 16-bit
+    # 16384 x1.06-1.14 but RMSNorm's x0.93; fp32 LayerNorm's fused add at 8192 x1.25).
+    few = few_rows_config(problem, bucket, device)
+    row_bytes = problem.hidden * problem.itemsize
+    if few is not None and (few.threads == 256 or row_bytes < LATENCY_MIN_ROW_BYTES):
+        return few
     for config in _hopper_candidates(problem, device, bucket):
         if not check(config, problem, device):
             return config
@@ -238,41 +243,6 @@ def _capped(config: KernelConfig, problem: Problem, device: DeviceLimits) -> Ker
         if not check(candidate, problem, device):
             return candidate
     return config
-
-
-def few_rows_config(
-    problem: Problem, bucket: int, device: DeviceLimits = H200
-) -> KernelConfig | None:
-    """Return the row kernel's shape for a few short rows, or None where it does not apply.
-
-    One row a block, the widest vector that divides the row (two elements at least: odd rows
-    take a skewed pair; a wider one where that needs more threads than the cap), and the
-    threads, a power of two, that give each two vectors or one:
-    weight and bias then load beside x (``plan.early_affine``). More threads would run more
-    warps through each reduction's barrier; more vectors a thread, a longer chain. The cap is
-    512 threads for 16-bit rows while a block an SM holds every row, else 256 (a 512-thread
-    block holding the weights as well took more registers than two blocks an SM allow, and
-    256 rows then ran in two waves); past it, or past FEW_ROWS_MAX_ROW_BYTES, None.
-
-    On the H200 (CUDA-graph replay, against the fastest of torch eager, torch.compile and
-    Liger) LayerNorm at 1-256 rows of 490 and 1001 elements went from x0.57-0.88 to x0.89-1.09
-    in every dtype; with the residual add (RMSNorm and LayerNorm, 490-4096) the shape ran
-    1.23x as fast as the default before it (geometric mean); docs/kernels.md (few rows). A
-    float32 residual beside 16-bit x (``residual_dtype``) was not timed with it, so it keeps
-    the default.
-    """
-    row_bytes = problem.hidden * problem.itemsize
-    if problem.wide_residual or bucket > FEW_ROWS or row_bytes > FEW_ROWS_MAX_ROW_BYTES:
-        return None
-    dividing = max(v for v in VECS if v <= problem.max_vec and problem.hidden % v == 0)
-    cap = 512 if problem.itemsize == 2 and bucket <= device.sm_count else 256
-    for vec in (v for v in VECS if max(dividing, 2) <= v <= problem.max_vec):
-        threads = 1 << max(0, math.ceil(math.log2(math.ceil(problem.hidden / vec / 2))))
-        if threads <= cap:
-            config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0)
-            ok = threads >= 64 and not check(config, problem, device)
-            return config if ok else None
-    return None
 
 
 def _row_kernel(problem: Problem, device: DeviceLimits, bucket: int) -> KernelConfig:

@@ -74,6 +74,11 @@ SKEWED_WEIGHTS_IN_SMEM: frozenset[str] = frozenset({"layer"})
 # registers they hold meanwhile are few at this depth (docs/kernels.md, few rows).
 EARLY_AFFINE_ITERS = 2
 
+# A configuration asks for the early loads past EARLY_AFFINE_ITERS (``KernelConfig.early``) up to
+# this many vectors a thread: 32 fp32 elements, where the sum of squares without compensation
+# stays within 7.2e-8 of float64 on offset rows (H200, docs/kernels.md).
+EARLY_AFFINE_MAX_ITERS = 8
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -101,7 +106,7 @@ class Plan:
         deferred_refill: the bulk kernel refills the previous iteration's stage after its
             first row sum's barrier instead of behind a barrier of its own.
         early_affine: the row kernel loads weight and bias beside x, before the statistics.
-        lean_fp32: an fp32 early-affine kernel (eight elements a thread at most) takes rsqrtf
+        lean_fp32: an fp32 early-affine kernel (32 elements a thread at most) takes rsqrtf
             for the row's scale, and RMSNorm's squares sum without compensation.
     """
 
@@ -184,13 +189,8 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         and config.vec * problem.itemsize >= 4
         and shape.iters > ASYNC_FILL_ITERS
     )
-    # Not under a register cap (chosen for the kernel without the held weights) nor with
-    # a float32 residual beside 16-bit x (twice the cache), neither timed with them.
-    early = (
-        config.cache == "registers" and not prefetch and shape.iters <= EARLY_AFFINE_ITERS
-        and (problem.has_weight or problem.has_bias) and not problem.wide_residual
-        and config.max_regs == 0
-    )
+    early = early_affine_applies(config, problem, prefetch) and (
+        shape.iters <= EARLY_AFFINE_ITERS or config.early)
     return Plan(
         config=config,
         problem=problem,
@@ -227,10 +227,25 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         early_affine=early,
         # At one launch a chain, each step of it shows: on the H200 (CUDA-graph replay, fp32
         # defaults of RMSNorm and LayerNorm at 1 and 64 rows) rsqrtf took 1-5% off and the plain
-        # sum of squares 1-4% more. At eight terms a thread compensation has little to correct
-        # (offset rows: 6.7e-8 of float64 at most, against 5.7e-8) and rsqrtf's 2 ulp stay far
-        # under the 1e-6 bar. 16-bit kernels ran 7% faster to 10% slower with rsqrtf.
+        # sum of squares 1-4% more. At up to 32 terms a thread compensation has little to
+        # correct (offset rows: 7.2e-8 of float64 at most, relative l2, against 6.0e-8 with it)
+        # and rsqrtf's 2 ulp stay far under the 1e-6 bar. 16-bit kernels ran 7% faster to 10%
+        # slower with rsqrtf.
         lean_fp32=early and problem.itemsize == 4,
+    )
+
+
+def early_affine_applies(config: KernelConfig, problem: Problem, prefetch: bool) -> bool:
+    """Whether the row kernel of ``config`` can load weight and bias beside x.
+
+    A register cache without a prefetched next row, with an affine to load. Not under a register
+    cap (chosen for the kernel without the held weights) nor with a float32 residual beside
+    16-bit x (twice the cache): neither was timed with them.
+    """
+    return (
+        config.cache == "registers" and not prefetch
+        and (problem.has_weight or problem.has_bias) and not problem.wide_residual
+        and config.max_regs == 0
     )
 
 

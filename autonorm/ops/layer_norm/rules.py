@@ -25,7 +25,13 @@ from autonorm.ops.layer_norm.config import (
     VECS,
     KernelConfig,
 )
-from autonorm.ops.layer_norm.plan import Plan, derive_plan
+from autonorm.ops.layer_norm.plan import (
+    EARLY_AFFINE_ITERS,
+    EARLY_AFFINE_MAX_ITERS,
+    Plan,
+    derive_plan,
+    early_affine_applies,
+)
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules_bulk import bulk_reasons
 from autonorm.ops.layer_norm.rules_registers import max_regs_reasons, register_reasons
@@ -106,7 +112,7 @@ def _judge(
         return reasons, None
     plan = derive_plan(config, problem, device)
     reasons = bulk_reasons(plan, device) if plan.bulk else _row_kernel_reasons(plan)
-    reasons += _residual_reasons(plan)
+    reasons += _residual_reasons(plan) + _early_reasons(plan)
     if reasons:
         return reasons, plan
     reasons = _common_reasons(plan, device)
@@ -178,6 +184,26 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
         reasons.append(f"keep_x is refused to {kind} kernels whose shared-memory row is "
                        "filled by cp.async (the hinted fill raised an illegal instruction)")
     return reasons
+
+
+def _early_reasons(plan: Plan) -> list[str]:
+    """Where ``early`` (weight and bias loaded beside x) cannot go, or changes nothing."""
+    config, problem = plan.config, plan.problem
+    if not config.early:
+        return []
+    if config.cache != "registers" or config.cluster > 1:
+        return ["early applies to the register row cache at cluster 1 only (cache='registers')"]
+    if not early_affine_applies(config, problem, plan.prefetch):
+        return ["early needs a weight or bias, no persistent grid (blocks_per_sm 0), no "
+                "register cap (max_regs 0) and no float32 residual beside 16-bit x"]
+    iters = plan.shape.iters
+    if iters <= EARLY_AFFINE_ITERS:
+        return [f"at {iters} vectors a thread the weights load beside x already: leave early "
+                "off"]
+    if iters > EARLY_AFFINE_MAX_ITERS:
+        return [f"early holds the weights of at most {EARLY_AFFINE_MAX_ITERS} vectors a thread; "
+                f"this configuration gives a thread {iters}"]
+    return []
 
 
 def _residual_reasons(plan: Plan) -> list[str]:

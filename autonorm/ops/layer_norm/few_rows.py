@@ -1,0 +1,116 @@
+"""The few-row shape of the row kernel: one row a block, the launch's chain kept short.
+
+At 256 rows or fewer a launch is one block's chain of loads, reductions and stores, and its
+length, not bandwidth, is the time. :func:`few_rows_config` gives each row a block: up to 8 KB
+a row at two vectors a thread, so that weight and bias load beside x by themselves
+(``plan.early_affine``); at 8-32 KB at 256 threads with those loads asked for
+(``KernelConfig.early``), or at 512. :mod:`.heuristic`'s default takes it before its other
+branches (docs/kernels.md, few rows).
+
+Pure arithmetic and :func:`autonorm.ops.layer_norm.rules.check`: no GPU, no database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autonorm.ops.layer_norm.config import VECS, KernelConfig
+from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS, derive_plan
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.rules import check
+from autonorm.runtime.limits import H200, DeviceLimits
+
+KB = 1024
+
+# Rows buckets up to FEW_ROWS of rows up to FEW_ROWS_MAX_ROW_BYTES take the few-row shape at two
+# vectors a thread; rows up to FEW_ROWS_LONG_ROW_BYTES take it at 256 threads (512 for 16-bit
+# rows past LONG_ROW_16BIT_ITERS vectors a thread) with the weights loaded early.
+FEW_ROWS = 256
+
+FEW_ROWS_MAX_ROW_BYTES = 8 * KB
+
+FEW_ROWS_LONG_ROW_BYTES = 32 * KB
+
+LONG_ROW_16BIT_ITERS = 4
+
+# The most 32-bit registers' worth of x, residual, weight and bias a thread of the long-row shape
+# holds at once: LayerNorm's fused add at fp32 8192 (128 at 256 threads) ran x0.73-0.93 of the
+# kernels before it, the shapes at 96 or fewer x1.00-1.36.
+EARLY_MAX_WORDS = 96
+
+
+def few_rows_config(
+    problem: Problem, bucket: int, device: DeviceLimits = H200
+) -> KernelConfig | None:
+    """Return the row kernel's shape for a few short rows, or None where it does not apply.
+
+    One row a block, the widest vector that divides the row (two elements at least: odd rows
+    take a skewed pair; a wider one where that needs more threads than the cap), and the
+    threads, a power of two, that give each two vectors or one:
+    weight and bias then load beside x (``plan.early_affine``). More threads would run more
+    warps through each reduction's barrier; more vectors a thread, a longer chain. The cap is
+    512 threads for 16-bit rows while a block an SM holds every row, else 256 (a 512-thread
+    block holding the weights as well took more registers than two blocks an SM allow, and
+    256 rows then ran in two waves); past it, None. Rows of FEW_ROWS_MAX_ROW_BYTES to
+    FEW_ROWS_LONG_ROW_BYTES take :func:`_long_few_rows_config`.
+
+    On the H200 (CUDA-graph replay, against the fastest of torch eager, torch.compile and
+    Liger) LayerNorm at 1-256 rows of 490 and 1001 elements went from x0.57-0.88 to x0.89-1.09
+    in every dtype; with the residual add (RMSNorm and LayerNorm, 490-4096) the shape ran
+    1.23x as fast as the default before it (geometric mean); docs/kernels.md (few rows). A
+    float32 residual beside 16-bit x (``residual_dtype``) was not timed with it, so it keeps
+    the default.
+    """
+    row_bytes = problem.hidden * problem.itemsize
+    if problem.wide_residual or bucket > FEW_ROWS or row_bytes > FEW_ROWS_LONG_ROW_BYTES:
+        return None
+    if row_bytes > FEW_ROWS_MAX_ROW_BYTES:
+        return _long_few_rows_config(problem, bucket, device)
+    dividing = max(v for v in VECS if v <= problem.max_vec and problem.hidden % v == 0)
+    cap = 512 if problem.itemsize == 2 and bucket <= device.sm_count else 256
+    for vec in (v for v in VECS if max(dividing, 2) <= v <= problem.max_vec):
+        threads = 1 << max(0, math.ceil(math.log2(math.ceil(problem.hidden / vec / 2))))
+        if threads <= cap:
+            config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0)
+            ok = threads >= 64 and not check(config, problem, device)
+            return config if ok else None
+    return None
+
+
+def _long_few_rows_config(
+    problem: Problem, bucket: int, device: DeviceLimits
+) -> KernelConfig | None:
+    """The few-row shape for rows of 8-32 KB: 16-byte vectors, 256 threads, early weight loads.
+
+    Two vectors a thread would take 512-2048 threads, and more warps through each reduction's
+    barrier cost more than the longer chain: at 1-64 rows of fp32 4096 and 8192 and bf16 8192
+    on the H200, 256 threads at 4-8 vectors with the weights loaded beside x ran x1.03-1.05 of
+    512 at half as many. 512 threads take the rows that 256 cannot: 16-bit rows past
+    LONG_ROW_16BIT_ITERS vectors a thread (bf16 16384: x1.03 of 256 threads at 8), skewed rows
+    past what a skewed register cache holds, and rows whose early loads would hold more than
+    EARLY_MAX_WORDS registers' worth a thread; all while a block an SM holds every row. The
+    early loads are left to fp32 at 512 threads (16-bit: x0.97) and to rows on the vector grid
+    (fp16 6001: x0.95-0.97). Docs/kernels.md (few rows) has the figures.
+    """
+    for threads in (256, 512):
+        if threads == 512 and bucket > device.sm_count:
+            break
+        config = KernelConfig(threads, problem.max_vec, 1, "registers", "two_pass", 1, 0)
+        shape = derive_plan(config, problem, device).shape
+        if problem.itemsize == 2 and threads == 256 and shape.iters > LONG_ROW_16BIT_ITERS:
+            continue
+        if shape.iters > EARLY_AFFINE_ITERS and not shape.skewed and (
+                threads == 256 or problem.itemsize == 4):
+            if _early_words(problem, shape.iters * config.vec) > EARLY_MAX_WORDS:
+                continue
+            config = dataclasses.replace(config, early=True)
+        if not check(config, problem, device):
+            return config
+    return None
+
+
+def _early_words(problem: Problem, elements: int) -> int:
+    """32-bit registers a thread holds with early loads: its x (or h), residual and affine."""
+    streams = 1 + int(problem.residual) + int(problem.has_weight) + int(problem.has_bias)
+    return streams * elements * problem.itemsize // 4
