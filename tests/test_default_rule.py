@@ -257,6 +257,32 @@ def test_a_few_long_rows_take_256_threads_with_early_weights(dtype, hidden, rows
     assert plan.lean_fp32 == (config.early and dtype == "float32")
 
 
+@pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
+    # rows of 3 x 2^k vectors: 2^k threads of three vectors, the weights loaded early
+    ("layer_norm", "bfloat16", 3072, "t128v8r1-registers-two_pass-c1-p0-e"),
+    ("add_rms_norm", "bfloat16", 768, "t32v8r1-registers-two_pass-c1-p0-e"),
+    ("add_layer_norm", "float16", 1536, "t64v8r1-registers-two_pass-c1-p0-e"),
+    ("rms_norm", "float32", 768, "t64v4r1-registers-two_pass-c1-p0-e"),
+    ("add_rms_norm", "float32", 1536, "t128v4r1-registers-two_pass-c1-p0-e"),
+    # where three vectors lost: 16-bit RMSNorm without the add, fp32 LayerNorm after it
+    ("rms_norm", "bfloat16", 768, "t64v8r1-registers-two_pass-c1-p0"),
+    ("add_layer_norm", "float32", 768, "t128v4r1-registers-two_pass-c1-p0"),
+    # not three powers of two of vectors (1280: 5 x 32), no affine to load early
+    ("layer_norm", "bfloat16", 1280, "t128v8r1-registers-two_pass-c1-p0"),
+])
+def test_rows_of_three_powers_of_two_vectors_take_three_a_thread(op, dtype, hidden, label):
+    from autonorm.ops import registry
+
+    family = registry.get(op.removeprefix("add_"))
+    problem = family.problem(hidden=hidden, dtype=dtype, residual=op.startswith("add_"))
+    for rows in (1, 64, 256):
+        assert family.default(problem, H200, rows).label() == label
+    bare = family.problem(hidden=hidden, dtype=dtype, residual=op.startswith("add_"),
+                          has_weight=False, **({"has_bias": False} if op.endswith("layer_norm")
+                                               else {}))
+    assert not family.default(bare, H200, 1).early
+
+
 def test_early_loads_stop_at_96_registers_worth_a_thread():
     # LayerNorm's fused add at fp32 8192: x, residual, weight and bias of 8 vectors a thread
     # at 256 threads (128 words): 512 threads at 4, then none past the SMs.

@@ -71,7 +71,6 @@ def test_kernels_without_early_keep_their_names():
     (dataclasses.replace(FOUR, cluster=2), Problem(4096, "float32"), "cluster 1"),
     (dataclasses.replace(FOUR, blocks_per_sm=2), Problem(4096, "float32"), "persistent grid"),
     (dataclasses.replace(FOUR, vec=8, max_regs=64), Problem(8192, "bfloat16"), "register cap"),
-    (FOUR, Problem(4096, "float32", has_weight=False, has_bias=False), "weight or bias"),
     (dataclasses.replace(FOUR, vec=8),
      Problem(4096, "bfloat16", residual=True, residual_dtype="float32"), "float32 residual"),
     (FOUR, Problem(2048, "float32"), "already"),  # 2 vectors a thread
@@ -85,6 +84,11 @@ def test_early_is_refused_where_it_cannot_go_or_changes_nothing(config, problem,
 def test_early_runs_from_three_to_eight_vectors_a_thread():
     for hidden in (3072, 4096, 8192):
         assert check(FOUR, RmsProblem(hidden, "float32"), H200) == []
+    # Validity does not depend on the affine flags: without weight or bias nothing loads early.
+    bare = RmsProblem(4096, "float32", has_weight=False)
+    assert check(FOUR, bare, H200) == []
+    assert not derive_plan(FOUR, bare, H200).early_affine
+    assert "wpre" not in render(FOUR, bare, H200).source
 
 
 def test_the_search_asks_for_early_only_in_the_register_cache():

@@ -3,7 +3,8 @@
 At 256 rows or fewer a launch is one block's chain of loads, reductions and stores, and its
 length, not bandwidth, is the time. :func:`few_rows_config` gives each row a block: up to 8 KB
 a row at two vectors a thread, so that weight and bias load beside x by themselves
-(``plan.early_affine``); at 8-32 KB at 256 threads with those loads asked for
+(``plan.early_affine``), or at three with those loads asked for where the row is three powers
+of two of vectors; at 8-32 KB at 256 threads with those loads asked for
 (``KernelConfig.early``), or at 512. :mod:`.heuristic`'s default takes it before its other
 branches (docs/kernels.md, few rows).
 
@@ -52,7 +53,8 @@ def few_rows_config(
     warps through each reduction's barrier; more vectors a thread, a longer chain. The cap is
     512 threads for 16-bit rows while a block an SM holds every row, else 256 (a 512-thread
     block holding the weights as well took more registers than two blocks an SM allow, and
-    256 rows then ran in two waves); past it, None. Rows of FEW_ROWS_MAX_ROW_BYTES to
+    256 rows then ran in two waves); past it, None. Rows of three powers of two of vectors
+    take :func:`_three_vectors_config` where it won; rows of FEW_ROWS_MAX_ROW_BYTES to
     FEW_ROWS_LONG_ROW_BYTES take :func:`_long_few_rows_config`.
 
     On the H200 (CUDA-graph replay, against the fastest of torch eager, torch.compile and
@@ -73,9 +75,35 @@ def few_rows_config(
         threads = 1 << max(0, math.ceil(math.log2(math.ceil(problem.hidden / vec / 2))))
         if threads <= cap:
             config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0)
-            ok = threads >= 64 and not check(config, problem, device)
-            return config if ok else None
+            if threads < 64 or check(config, problem, device):
+                return None
+            three = _three_vectors_config(problem, vec, device)
+            return three or config
     return None
+
+
+def _three_vectors_config(problem: Problem, vec: int, device: DeviceLimits) -> KernelConfig | None:
+    """Three vectors a thread with the early loads, where the row is three powers of two of them.
+
+    A row of 3 x 2^k vectors (768, 1536, 3072 in 16-bit; 768, 1536 in fp32) over the power of
+    two of threads that gives each two vectors or one leaves the second pass half empty;
+    2^k threads of three vectors each fill every pass. On the H200 (CUDA-graph replay, rows 1,
+    64 and 256, against the two-vector shape in the same run) it ran x1.09-1.16 for fp32
+    RMSNorm and LayerNorm and RMSNorm after the add, x1.04-1.16 for 16-bit rows after either
+    add, x1.01-1.06 for 16-bit LayerNorm; it lost for 16-bit RMSNorm without the add (bf16
+    768 x0.91) and for fp32 LayerNorm after the add (x0.96-0.99), which keep two vectors.
+    """
+    vectors, left = divmod(problem.hidden, vec)
+    threads, third = divmod(vectors, 3)
+    affine = problem.has_weight or problem.has_bias
+    if left or third or threads < 32 or threads & (threads - 1) or not affine:
+        return None
+    if problem.itemsize == 4 and problem.norm == "layer" and problem.residual:
+        return None
+    if problem.itemsize == 2 and problem.norm != "layer" and not problem.residual:
+        return None
+    config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0, early=True)
+    return None if check(config, problem, device) else config
 
 
 def _long_few_rows_config(
@@ -100,7 +128,8 @@ def _long_few_rows_config(
         shape = derive_plan(config, problem, device).shape
         if problem.itemsize == 2 and threads == 256 and shape.iters > LONG_ROW_16BIT_ITERS:
             continue
-        if shape.iters > EARLY_AFFINE_ITERS and not shape.skewed and (
+        affine = problem.has_weight or problem.has_bias
+        if affine and shape.iters > EARLY_AFFINE_ITERS and not shape.skewed and (
                 threads == 256 or problem.itemsize == 4):
             if _early_words(problem, shape.iters * config.vec) > EARLY_MAX_WORDS:
                 continue

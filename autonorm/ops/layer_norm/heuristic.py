@@ -36,7 +36,8 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   32768: 3) and one is a row kernel (bf16 16384 at 8 rows, where the split ran x0.985).
 - **256 rows or fewer of up to 32 KB** (not a float32 residual beside 16-bit x), checked
   before the two branches above: :func:`few_rows_config`, one row a block. Up to 8 KB at two
-  vectors a thread, so that weight and bias load with x (``plan.early_affine``); at 8-32 KB at
+  vectors a thread, so that weight and bias load with x (``plan.early_affine``), or three
+  where the row is three powers of two of vectors; at 8-32 KB at
   256 threads with those loads asked for (``KernelConfig.early``), or 512 threads for longer
   16-bit rows. A launch is then one block's chain of loads, reductions and stores, and its
   length, not bandwidth, is the time: at 1-256 rows of 490 and 1001 elements it took the

@@ -11,6 +11,8 @@ Pure logic: no CuPy, no GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 from autonorm.errors import ConfigError
 from autonorm.ops.base import domain_reasons
 from autonorm.ops.layer_norm.config import (
@@ -187,15 +189,20 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
 
 
 def _early_reasons(plan: Plan) -> list[str]:
-    """Where ``early`` (weight and bias loaded beside x) cannot go, or changes nothing."""
+    """Where ``early`` (weight and bias loaded beside x) cannot go, or changes nothing.
+
+    Not the affine flags: validity does not depend on them (a problem without weight or bias
+    has nothing to load early, and the kernel is the one without the loads).
+    """
     config, problem = plan.config, plan.problem
     if not config.early:
         return []
     if config.cache != "registers" or config.cluster > 1:
         return ["early applies to the register row cache at cluster 1 only (cache='registers')"]
-    if not early_affine_applies(config, problem, plan.prefetch):
-        return ["early needs a weight or bias, no persistent grid (blocks_per_sm 0), no "
-                "register cap (max_regs 0) and no float32 residual beside 16-bit x"]
+    affine = dataclasses.replace(problem, has_weight=True)
+    if not early_affine_applies(config, affine, plan.prefetch):
+        return ["early needs no persistent grid (blocks_per_sm 0), no register cap (max_regs "
+                "0) and no float32 residual beside 16-bit x"]
     iters = plan.shape.iters
     if iters <= EARLY_AFFINE_ITERS:
         return [f"at {iters} vectors a thread the weights load beside x already: leave early "
