@@ -295,7 +295,7 @@ def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
 
 # LayerNorm's configuration fields as options of `render` (other ops take --config).
 _LN_FIELDS = ("threads", "vec", "rows_per_block", "cache", "stats", "cluster", "blocks_per_sm",
-              "stages", "max_regs", "keep_x")
+              "stages", "max_regs", "keep_x", "early")
 
 
 def _int_choice(values: tuple[int, ...]) -> click.Choice:
@@ -325,13 +325,15 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
               help="registers per thread (0: as the estimate's occupancy allows)")
 @click.option("--keep-x/--no-keep-x", default=None,
               help="hint x's loads to stay in L2 (evict_last)")
+@click.option("--early/--no-early", default=None,
+              help="load weight and bias beside x (register cache, 3-8 vectors a thread)")
 def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
            weight_offset: bool, residual: bool, residual_dtype: str | None,
            config_json: str | None, **fields: Any) -> None:
     """Print the CUDA source of one configuration.
 
     Fields not given come from the family's default configuration. The field options
-    (--threads ... --keep-x) are those of LayerNorm's kernels, which rms_norm runs too;
+    (--threads ... --early) are those of LayerNorm's kernels, which rms_norm runs too;
     --config takes the fields of any op as JSON.
     """
     from autonorm.runtime.limits import H200
@@ -340,7 +342,7 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
                             weight_offset=weight_offset, residual=residual,
                             residual_dtype=residual_dtype)
     family = registry.get(op)
-    chosen = {k: (v if k in ("cache", "stats", "keep_x") else int(v))
+    chosen = {k: (v if k in ("cache", "stats", "keep_x", "early") else int(v))
               for k, v in fields.items() if v is not None}
     runs_ln_kernels = getattr(family, "config_type", None) is KernelConfig
     if chosen and not runs_ln_kernels:

@@ -134,6 +134,20 @@ def test_render_register_cap(runner):
     assert "16-bit rows only" in bad.output
 
 
+def test_render_early_weight_loads(runner):
+    args = ["render", "--dtype", "fp32", "--threads", "256", "--vec", "4", "--rows-per-block",
+            "1", "--cache", "registers", "--stats", "two_pass", "--blocks-per-sm", "0",
+            "--cluster", "1", "--max-regs", "0", "--early"]
+    result = runner.invoke(cli.main, [*args, "--hidden", "4096"])  # 4 vectors a thread
+    assert result.exit_code == 0, result.output
+    assert "t256v4r1-registers-two_pass-c1-p0-e" in result.output
+    assert "wpre[it] = load_vec(wseg" in result.output
+    # At 2 vectors a thread the loads move by themselves: a one-line reason, no traceback.
+    bad = runner.invoke(cli.main, [*args, "--hidden", "2048"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert len(_lines(bad.output)) == 1 and "leave early off" in bad.output
+
+
 def test_render_impossible_combination(runner):
     result = runner.invoke(
         cli.main, ["render", "--hidden", "1000", "--vec", "8", "--dtype", "fp32"]
