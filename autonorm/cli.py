@@ -325,8 +325,7 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
               help="registers per thread (0: as the estimate's occupancy allows)")
 @click.option("--keep-x/--no-keep-x", default=None,
               help="hint x's loads to stay in L2 (evict_last)")
-@click.option("--early/--no-early", default=None,
-              help="load weight and bias beside x (register cache, 3-8 vectors a thread)")
+@click.option("--early/--no-early", default=None, help="load weight and bias beside x")
 def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
            weight_offset: bool, residual: bool, residual_dtype: str | None,
            config_json: str | None, **fields: Any) -> None:
