@@ -53,6 +53,15 @@ _LABEL = re.compile(
     r"t(\d+)v(\d+)r(\d+)-([a-z]+)-([a-z_]+)-c(\d+)-p(\d+)(?:-s(\d+))?(-k)?(-e)?(?:-m(\d+))?")
 
 
+def takes_early(cache: str, cluster: int, blocks_per_sm: int, max_regs: int) -> bool:
+    """Whether ``early`` is a choice for these fields (search and space alike).
+
+    The register cache, one block a row tile, unclustered and uncapped; the rules decide the
+    rest (:mod:`.rules`' ``_early_reasons``).
+    """
+    return cache == "registers" and cluster == 1 and blocks_per_sm == 0 and max_regs == 0
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """One point of the template family.

@@ -18,6 +18,7 @@ from autonorm.ops.layer_norm.config import (
     THREADS,
     VECS,
     KernelConfig,
+    takes_early,
 )
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.runtime.abi import KernelABI
@@ -82,9 +83,8 @@ class LayerNormFamily:
         stats = trial.suggest_categorical("stats", STATS)
         blocks_per_sm = trial.suggest_categorical("blocks_per_sm", BLOCKS_PER_SM)
         max_regs = trial.suggest_categorical("max_regs", MAX_REGS)
-        # Early weight loads are the register cache's choice alone (rules._early_reasons).
-        early = (cache == "registers" and cluster == 1 and blocks_per_sm == 0 and max_regs == 0
-                 and trial.suggest_categorical("early", (False, True)))
+        early = takes_early(cache, cluster, blocks_per_sm, max_regs) and (
+            trial.suggest_categorical("early", (False, True)))
         return KernelConfig(
             threads=threads,
             vec=vec,

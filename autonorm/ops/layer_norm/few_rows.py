@@ -17,9 +17,10 @@ import dataclasses
 import math
 
 from autonorm.ops.layer_norm.config import VECS, KernelConfig
-from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS, derive_plan
+from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
+from autonorm.ops.layer_norm.shape import derive_shape
 from autonorm.runtime.limits import H200, DeviceLimits
 
 KB = 1024
@@ -125,7 +126,7 @@ def _long_few_rows_config(
         if threads == 512 and bucket > device.sm_count:
             break
         config = KernelConfig(threads, problem.max_vec, 1, "registers", "two_pass", 1, 0)
-        shape = derive_plan(config, problem, device).shape
+        shape = derive_shape(config, problem)
         if problem.itemsize == 2 and threads == 256 and shape.iters > LONG_ROW_16BIT_ITERS:
             continue
         affine = problem.has_weight or problem.has_bias

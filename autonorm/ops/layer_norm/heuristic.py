@@ -137,7 +137,7 @@ def default_config(
     for config in _hopper_candidates(problem, device, bucket):
         if not check(config, problem, device):
             return config
-    return _row_kernel(problem, device, bucket)
+    return _row_kernel(problem, device, bucket, few)
 
 
 def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) -> list[KernelConfig]:
@@ -246,9 +246,10 @@ def _capped(config: KernelConfig, problem: Problem, device: DeviceLimits) -> Ker
     return config
 
 
-def _row_kernel(problem: Problem, device: DeviceLimits, bucket: int) -> KernelConfig:
-    """The row kernel's default on Hopper: the few-row shape, else fp32 one row a block."""
-    few = few_rows_config(problem, bucket, device)
+def _row_kernel(
+    problem: Problem, device: DeviceLimits, bucket: int, few: KernelConfig | None
+) -> KernelConfig:
+    """The row kernel's default on Hopper: the few-row shape ``few``, else the row kernel's."""
     if few is not None:
         return few
     config = row_kernel_default(problem, device)

@@ -189,8 +189,10 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         and config.vec * problem.itemsize >= 4
         and shape.iters > ASYNC_FILL_ITERS
     )
-    early = early_affine_applies(config, problem, prefetch) and (
-        shape.iters <= EARLY_AFFINE_ITERS or config.early)
+    early = (
+        (problem.has_weight or problem.has_bias) and early_affine_applies(config, problem, prefetch)
+        and (shape.iters <= EARLY_AFFINE_ITERS or config.early)
+    )
     return Plan(
         config=config,
         problem=problem,
@@ -236,15 +238,14 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
 
 
 def early_affine_applies(config: KernelConfig, problem: Problem, prefetch: bool) -> bool:
-    """Whether the row kernel of ``config`` can load weight and bias beside x.
+    """Whether the row kernel of ``config`` can load weight and bias beside x, if it has any.
 
-    A register cache without a prefetched next row, with an affine to load. Not under a register
-    cap (chosen for the kernel without the held weights) nor with a float32 residual beside
-    16-bit x (twice the cache): neither was timed with them.
+    A register cache without a prefetched next row. Not under a register cap (chosen for the
+    kernel without the held weights) nor with a float32 residual beside 16-bit x (twice the
+    cache): neither was timed with them.
     """
     return (
-        config.cache == "registers" and not prefetch
-        and (problem.has_weight or problem.has_bias) and not problem.wide_residual
+        config.cache == "registers" and not prefetch and not problem.wide_residual
         and config.max_regs == 0
     )
 

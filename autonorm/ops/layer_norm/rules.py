@@ -11,8 +11,6 @@ Pure logic: no CuPy, no GPU.
 
 from __future__ import annotations
 
-import dataclasses
-
 from autonorm.errors import ConfigError
 from autonorm.ops.base import domain_reasons
 from autonorm.ops.layer_norm.config import (
@@ -199,8 +197,7 @@ def _early_reasons(plan: Plan) -> list[str]:
         return []
     if config.cache != "registers" or config.cluster > 1:
         return ["early applies to the register row cache at cluster 1 only (cache='registers')"]
-    affine = dataclasses.replace(problem, has_weight=True)
-    if not early_affine_applies(config, affine, plan.prefetch):
+    if not early_affine_applies(config, problem, plan.prefetch):
         return ["early needs no persistent grid (blocks_per_sm 0), no register cap (max_regs "
                 "0) and no float32 residual beside 16-bit x"]
     iters = plan.shape.iters

@@ -27,6 +27,7 @@ from autonorm.ops.layer_norm.config import (
     THREADS,
     VECS,
     KernelConfig,
+    takes_early,
 )
 from autonorm.ops.layer_norm.heuristic import default_config, latency_configs, row_kernel_default
 from autonorm.ops.layer_norm.problem import Problem
@@ -86,9 +87,7 @@ def _points(
                 ):
                     continue
                 yield KernelConfig(t, v, r, c, s, cl, p, 0, m, keep_x=keep)
-                # Weights loaded beside x: the register cache's own choice, one block a row
-                # tile, uncapped and unclustered (rules._early_reasons).
-                if c == "registers" and cl == 1 and p == 0 and m == 0:
+                if takes_early(c, cl, p, m):
                     yield KernelConfig(t, v, r, c, s, cl, p, 0, m, keep_x=keep, early=True)
         elif s == "two_pass" and p == 0:
             for st in STAGES[1:]:
