@@ -260,12 +260,18 @@ def test_a_few_long_rows_take_256_threads_with_early_weights(dtype, hidden, rows
 @pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
     # rows of 3 x 2^k vectors: 2^k threads of three vectors, the weights loaded early
     ("layer_norm", "bfloat16", 3072, "t128v8r1-registers-two_pass-c1-p0-e"),
-    ("add_rms_norm", "bfloat16", 768, "t32v8r1-registers-two_pass-c1-p0-e"),
-    ("add_layer_norm", "float16", 1536, "t64v8r1-registers-two_pass-c1-p0-e"),
     ("rms_norm", "float32", 768, "t64v4r1-registers-two_pass-c1-p0-e"),
     ("add_rms_norm", "float32", 1536, "t128v4r1-registers-two_pass-c1-p0-e"),
-    # where three vectors lost: 16-bit RMSNorm without the add, fp32 LayerNorm after it
-    ("rms_norm", "bfloat16", 768, "t64v8r1-registers-two_pass-c1-p0"),
+    # 16-bit up to 128 threads of 8-byte vectors: three of those; RMSNorm without the add two
+    # rows a block
+    ("add_rms_norm", "bfloat16", 768, "t64v4r1-registers-two_pass-c1-p0-e"),
+    ("add_layer_norm", "float16", 1536, "t128v4r1-registers-two_pass-c1-p0-e"),
+    ("layer_norm", "float16", 768, "t64v4r1-registers-two_pass-c1-p0-e"),
+    ("rms_norm", "bfloat16", 768, "t128v4r2-registers-two_pass-c1-p0-e"),
+    ("rms_norm", "float16", 1536, "t256v4r2-registers-two_pass-c1-p0-e"),
+    # where three vectors lost: 16-bit RMSNorm without the add past 128 threads of 8-byte
+    # vectors, fp32 LayerNorm after the add
+    ("rms_norm", "bfloat16", 3072, "t256v8r1-registers-two_pass-c1-p0"),
     ("add_layer_norm", "float32", 768, "t128v4r1-registers-two_pass-c1-p0"),
     # not three powers of two of vectors (1280: 5 x 32), no affine to load early
     ("layer_norm", "bfloat16", 1280, "t128v8r1-registers-two_pass-c1-p0"),
@@ -281,6 +287,28 @@ def test_rows_of_three_powers_of_two_vectors_take_three_a_thread(op, dtype, hidd
                           has_weight=False, **({"has_bias": False} if op.endswith("layer_norm")
                                                else {}))
     assert not family.default(bare, H200, 1).early
+
+
+@pytest.mark.parametrize(("op", "hidden", "rows", "threads"), [
+    # fp32 after the add, past 4 vectors a thread at 256 threads: 512 from 64 rows while a
+    # block an SM holds every row, where 512 threads divide the row's vectors
+    ("add_rms_norm", 8192, 64, 512),
+    ("add_rms_norm", 6144, 128, 512),
+    ("add_layer_norm", 6144, 64, 512),
+    ("add_rms_norm", 8192, 8, 256),    # under 64 rows
+    ("add_rms_norm", 8192, 256, 256),  # more rows than SMs
+    ("add_rms_norm", 5120, 64, 256),   # 1280 vectors: 512 threads' last pass half empty
+    ("add_rms_norm", 4096, 64, 256),   # 4 vectors a thread at 256
+    ("rms_norm", 8192, 64, 256),       # no add
+])
+def test_a_few_long_fp32_rows_after_the_add_take_512_threads(op, hidden, rows, threads):
+    from autonorm.ops import registry
+
+    family = registry.get(op.removeprefix("add_"))
+    problem = family.problem(hidden=hidden, dtype="float32", residual=op.startswith("add_"))
+    config = family.default(problem, H200, rows)
+    assert (config.threads, config.vec, config.cache, config.early) == (
+        threads, 4, "registers", True)
 
 
 def test_early_loads_stop_at_96_registers_worth_a_thread():

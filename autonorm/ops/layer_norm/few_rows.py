@@ -36,6 +36,17 @@ FEW_ROWS_LONG_ROW_BYTES = 32 * KB
 
 LONG_ROW_16BIT_ITERS = 4
 
+# fp32 rows after the residual add past this many vectors a thread at 256 threads take 512, in
+# rows buckets from LONG_ROW_ADDED_FP32_MIN_ROWS while a block an SM holds every row, where 512
+# threads divide the row's vectors.
+LONG_ROW_ADDED_FP32_ITERS = 4
+
+LONG_ROW_ADDED_FP32_MIN_ROWS = 64
+
+# 16-bit rows of three powers of two of 16-byte vectors take three 8-byte vectors a thread up to
+# this many threads a row.
+HALF_VECTOR_MAX_THREADS = 128
+
 # The most 32-bit registers' worth of x, residual, weight and bias a thread of the long-row shape
 # holds at once: LayerNorm's fused add at fp32 8192 (128 at 256 threads) ran x0.73-0.93 of the
 # kernels before it, the shapes at 96 or fewer x1.00-1.36.
@@ -91,8 +102,16 @@ def _three_vectors_config(problem: Problem, vec: int, device: DeviceLimits) -> K
     2^k threads of three vectors each fill every pass. On the H200 (CUDA-graph replay, rows 1,
     64 and 256, against the two-vector shape in the same run) it ran x1.09-1.16 for fp32
     RMSNorm and LayerNorm and RMSNorm after the add, x1.04-1.16 for 16-bit rows after either
-    add, x1.01-1.06 for 16-bit LayerNorm; it lost for 16-bit RMSNorm without the add (bf16
-    768 x0.91) and for fp32 LayerNorm after the add (x0.96-0.99), which keep two vectors.
+    add, x1.01-1.06 for 16-bit LayerNorm; it lost for fp32 LayerNorm after the add
+    (x0.96-0.99), which keeps two vectors.
+
+    16-bit rows up to HALF_VECTOR_MAX_THREADS threads of 8-byte vectors (768 and 1536) take
+    those: twice the threads, three 8-byte vectors each. Against the shapes before it (rows
+    1-256, same run) that ran x0.99-1.06 for LayerNorm and either add (4 of 60 shapes under
+    x1.00), and at 3072 it lost at 28 of 32 shapes (x0.92-1.05). 16-bit RMSNorm without the
+    add, where three 16-byte vectors lost to two (bf16 768 x0.91), takes them two rows a block:
+    x1.00-1.13 of its two-vector shape, where one row a block ran x0.93-0.94 in bf16
+    (docs/kernels.md, few rows).
     """
     vectors, left = divmod(problem.hidden, vec)
     threads, third = divmod(vectors, 3)
@@ -101,9 +120,13 @@ def _three_vectors_config(problem: Problem, vec: int, device: DeviceLimits) -> K
         return None
     if problem.itemsize == 4 and problem.norm == "layer" and problem.residual:
         return None
-    if problem.itemsize == 2 and problem.norm != "layer" and not problem.residual:
+    rows = 1
+    bare_rms = problem.norm != "layer" and not problem.residual
+    if problem.itemsize == 2 and 2 * threads <= HALF_VECTOR_MAX_THREADS:
+        vec, threads, rows = vec // 2, 2 * threads, 2 if bare_rms else 1
+    elif problem.itemsize == 2 and bare_rms:
         return None
-    config = KernelConfig(threads, vec, 1, "registers", "two_pass", 1, 0, early=True)
+    config = KernelConfig(threads * rows, vec, rows, "registers", "two_pass", 1, 0, early=True)
     return None if check(config, problem, device) else config
 
 
@@ -117,8 +140,10 @@ def _long_few_rows_config(
     on the H200, 256 threads at 4-8 vectors with the weights loaded beside x ran x1.03-1.05 of
     512 at half as many. 512 threads take the rows that 256 cannot: 16-bit rows past
     LONG_ROW_16BIT_ITERS vectors a thread (bf16 16384: x1.03 of 256 threads at 8), skewed rows
-    past what a skewed register cache holds, and rows whose early loads would hold more than
-    EARLY_MAX_WORDS registers' worth a thread; all while a block an SM holds every row. The
+    past what a skewed register cache holds, rows whose early loads would hold more than
+    EARLY_MAX_WORDS registers' worth a thread, and fp32 rows after the add past
+    LONG_ROW_ADDED_FP32_ITERS that 512 threads divide, at 64 rows or more
+    (:func:`_added_fp32_takes_512`); all while a block an SM holds every row. The
     early loads are left to fp32 at 512 threads (16-bit: x0.97) and to rows on the vector grid
     (fp16 6001: x0.95-0.97). Docs/kernels.md (few rows) has the figures.
     """
@@ -129,6 +154,8 @@ def _long_few_rows_config(
         shape = derive_shape(config, problem)
         if problem.itemsize == 2 and threads == 256 and shape.iters > LONG_ROW_16BIT_ITERS:
             continue
+        if threads == 256 and _added_fp32_takes_512(problem, bucket, shape.iters, device):
+            continue
         affine = problem.has_weight or problem.has_bias
         if affine and shape.iters > EARLY_AFFINE_ITERS and not shape.skewed and (
                 threads == 256 or problem.itemsize == 4):
@@ -138,6 +165,21 @@ def _long_few_rows_config(
         if not check(config, problem, device):
             return config
     return None
+
+
+def _added_fp32_takes_512(
+    problem: Problem, bucket: int, iters: int, device: DeviceLimits
+) -> bool:
+    """Whether fp32 rows after the add, ``iters`` vectors a thread at 256, take 512 threads.
+
+    On the H200 (CUDA-graph replay, same run) RMSNorm after the add at 6144 and 8192 ran
+    x1.03-1.07 of 256 threads at 64-128 rows (LayerNorm's at 6144: x0.99-1.02) but x0.97-1.01
+    at 1-8 rows; at 5120, whose 1280 vectors leave 512 threads' last pass half empty, x0.85-0.97.
+    """
+    vectors = problem.hidden // problem.max_vec
+    return (problem.itemsize == 4 and problem.residual and iters > LONG_ROW_ADDED_FP32_ITERS
+            and LONG_ROW_ADDED_FP32_MIN_ROWS <= bucket <= device.sm_count
+            and problem.hidden % problem.max_vec == 0 and vectors % 512 == 0)
 
 
 def _early_words(problem: Problem, elements: int) -> int:
