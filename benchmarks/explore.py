@@ -6,6 +6,7 @@ Run on a GPU machine, from the repository root::
     python benchmarks/explore.py --focus cache=smem,vec=max --per-shape 32
     python benchmarks/explore.py --op layer_norm_backward --hidden 4096 --per-shape 8
     python benchmarks/explore.py --hidden 490,1001 --rows 256 --per-shape 40
+    python benchmarks/explore.py --op rms_norm --residual --hidden 4099 --focus cache=bulk
 
 Each shape is timed at ``--elements / hidden`` rows, or ``--rows`` at every hidden size, by the
 tuner's own evaluator (compile, verify against float64, time: docs/timing.md). The script
@@ -34,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--op", default="layer_norm",
                         help="kernel family, e.g. rms_norm or layer_norm_backward "
                              "(default: layer_norm)")
+    parser.add_argument("--residual", action="store_true",
+                        help="the norm after the fused residual add (LayerNorm and RMSNorm)")
     parser.add_argument("--dtypes", default="bf16,fp32",
                         help="comma-separated dtypes: bf16, fp16, fp32 (default: bf16,fp32)")
     parser.add_argument("--hidden", default="768,1024,2048,4096,8192,16384,32768,65536",
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict] = []
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
-            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype))
+            extra_fields = {"residual": True} if args.residual else {}
+            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype), **extra_fields)
             rows = rows_of(args, hidden)
             space = family.space(problem, limits)
             for item in filter(None, args.focus.split(",")):

@@ -87,6 +87,7 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert explore.rows_of(explore.parse_args(["--rows", "256"]), 490) == 256
     assert explore.rows_of(explore.parse_args([]), 1024) == 2**26 // 1024
     assert explore.rows_of(explore.parse_args(["--elements", "100"]), 490) == 1
+    assert explore.parse_args(["--residual"]).residual and not explore.parse_args([]).residual
     for argv, message in ((["--rows", "0"], "--rows must be >= 1, got 0"),
                           (["--rows", "8", "--elements", "64"], "not allowed with argument")):
         with pytest.raises(SystemExit):

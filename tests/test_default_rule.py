@@ -171,6 +171,23 @@ def test_many_skewed_rows_from_4_kb_take_the_bulk_kernel_at_two_stages():
     assert default_config(Problem(4099, "bfloat16"), H200, 4096).cache != "bulk"
 
 
+@pytest.mark.parametrize(("dtype", "hidden"), [
+    ("bfloat16", 4099), ("float16", 8191), ("float32", 2051), ("float32", 8191),
+])
+def test_skewed_rms_rows_after_the_add_take_one_stage(dtype, hidden):
+    # RMSNorm after the add ran x1.00-1.10 at one stage against two; LayerNorm after the add
+    # keeps two.
+    rows = (1 << 26) // hidden
+    added = RmsProblem(hidden, dtype, residual=True)
+    config = default_config(added, H200, rows)
+    assert (config.cache, config.cluster, config.stages) == ("bulk", 1, 1), config.label()
+    assert derive_plan(config, added).shape.skewed
+    assert check(config, added) == []
+    layer = default_config(Problem(hidden, dtype, residual=True), H200, rows)
+    assert (layer.cache, layer.stages) == ("bulk", 2), layer.label()
+    assert default_config(RmsProblem(hidden, dtype), H200, rows).stages == 2
+
+
 def test_the_bulk_threads_count_a_skewed_rows_extra_vector():
     # bf16 8191 spans 1,025 vectors, one past 128 threads x 8: the rule takes 256 threads.
     config = default_config(Problem(8191, "bfloat16"), H200, 8193)
