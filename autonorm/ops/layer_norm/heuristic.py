@@ -339,7 +339,7 @@ def _skewed_bulk_configs(
     span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
     of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
     (docs/kernels.md, skewed rows). RMSNorm after the residual add takes one stage first: at
-    2051-12289 in bf16 and fp32 it ran x1.00-1.10 of two, where LayerNorm after the add ran
+    2051-12289 in every dtype it ran x1.00-1.10 of two, where LayerNorm after the add ran
     x0.91-1.16 and keeps two. ``row_bytes`` is what a tile stages a row, as
     :func:`_bulk_configs` counts it (the residual's row too with the add).
     """
