@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     family = registry.get(args.op)
     extra = [family.config_from_dict(d) for d in json.loads(args.configs)] if args.configs else []
     records: list[dict] = []
+    fields = {"residual": True} if args.residual else {}
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
-            extra_fields = {"residual": True} if args.residual else {}
-            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype), **extra_fields)
+            problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype), **fields)
             rows = rows_of(args, hidden)
             space = family.space(problem, limits)
             for item in filter(None, args.focus.split(",")):

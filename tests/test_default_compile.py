@@ -11,51 +11,50 @@ from __future__ import annotations
 import pytest
 from test_compile_offline import requires_nvcc
 
+from autonorm.dtypes import DTYPES
 from autonorm.ops import registry
 from autonorm.runtime.limits import H200
 from autonorm.runtime.offline import compile_offline
 
-DTYPES = ("bfloat16", "float16", "float32")
 
-
-def few_row_problems():
-    """Every norm form at the hidden sizes whose few-row defaults the rules above pick."""
+def few_row_launches():
+    """Every norm form at the hidden sizes whose few-row defaults the rules above pick, at 1-256
+    rows."""
     layer, rms = registry.get("layer_norm"), registry.get("rms_norm")
     for dtype in DTYPES:
         for residual in (False, True):
             for hidden in (768, 1536, 6144, 8192):
-                for weight, bias in ((True, True), (True, False), (False, True)):
-                    yield layer.problem(hidden=hidden, dtype=dtype, residual=residual,
-                                        has_weight=weight, has_bias=bias)
-                for offset in (False, True):
-                    yield rms.problem(hidden=hidden, dtype=dtype, residual=residual,
-                                      weight_offset=offset)
+                problems = [layer.problem(hidden=hidden, dtype=dtype, residual=residual,
+                                          has_weight=weight, has_bias=bias)
+                            for weight, bias in ((True, True), (True, False), (False, True))]
+                problems += [rms.problem(hidden=hidden, dtype=dtype, residual=residual,
+                                         weight_offset=offset) for offset in (False, True)]
+                for problem in problems:
+                    for rows in (1, 8, 64, 128, 256):
+                        yield problem, rows
 
 
-def skewed_added_problems():
-    """RMSNorm after the add on rows the vector does not divide, 2-32 KB."""
+def skewed_added_launches():
+    """RMSNorm after the add on rows the vector does not divide, 2-32 KB, at 2^26 elements."""
     rms = registry.get("rms_norm")
     for dtype in DTYPES:
         for hidden in (2049, 2053, 4097, 4099, 8191, 12289, 16385):
             for offset in (False, True):
-                yield rms.problem(hidden=hidden, dtype=dtype, residual=True, weight_offset=offset)
+                problem = rms.problem(hidden=hidden, dtype=dtype, residual=True,
+                                      weight_offset=offset)
+                yield problem, (1 << 26) // hidden
 
 
 @pytest.fixture(scope="module")
 def defaults():
-    """The distinct default kernels: few-row row counts, and the skewed rows' bulk grid."""
+    """The distinct default kernels of those launches."""
     kernels = {}
-    for problem in few_row_problems():
-        family = registry.family_of(problem)
-        for rows in (1, 8, 64, 128, 256):
+    for launches in (few_row_launches(), skewed_added_launches()):
+        for problem, rows in launches:
+            family = registry.family_of(problem)
             config = family.default(problem, H200, rows)
             rendered = family.render(config, problem, H200)
             kernels.setdefault(rendered.name, (problem, config, rendered))
-    for problem in skewed_added_problems():
-        family = registry.family_of(problem)
-        config = family.default(problem, H200, (1 << 26) // problem.hidden)
-        rendered = family.render(config, problem, H200)
-        kernels.setdefault(rendered.name, (problem, config, rendered))
     return list(kernels.values())
 
 

@@ -173,13 +173,12 @@ def _added_fp32_takes_512(
     """Whether fp32 rows after the add, ``iters`` vectors a thread at 256, take 512 threads.
 
     On the H200 (CUDA-graph replay, same run) RMSNorm after the add at 6144 and 8192 ran
-    x1.03-1.07 of 256 threads at 64-128 rows (LayerNorm's at 6144: x0.99-1.02) but x0.97-1.01
+    x1.02-1.07 of 256 threads at 64-128 rows (LayerNorm's at 6144: x0.99-1.03) but x0.97-1.01
     at 1-8 rows; at 5120, whose 1280 vectors leave 512 threads' last pass half empty, x0.85-0.97.
     """
-    vectors = problem.hidden // problem.max_vec
     return (problem.itemsize == 4 and problem.residual and iters > LONG_ROW_ADDED_FP32_ITERS
             and LONG_ROW_ADDED_FP32_MIN_ROWS <= bucket <= device.sm_count
-            and problem.hidden % problem.max_vec == 0 and vectors % 512 == 0)
+            and problem.hidden % (512 * problem.max_vec) == 0)
 
 
 def _early_words(problem: Problem, elements: int) -> int:
