@@ -3,11 +3,13 @@
 A fixed-seed cover of the template's branches (row in registers, read again or staged by bulk
 copy, whole or split over a cluster, read from the stage in every pass or held in registers;
 column sums in registers, shared memory or L2; groups of blocks taking rows side by side in
-one cluster; several grids) is verified for LayerNorm and
-RMSNorm in every dtype, fp32 dx and dweight within 1e-5 of float64 on rows of mean 1000 and
-spread 0.1. Broken kernels (dx without its mean term, the shift dropped, dweight summed over
-half the partial rows, a stage refilled with the wrong row, a group's sums left out) must fail
-the verifier, and the public functions give torch's gradients.
+one cluster; several grids) is verified for LayerNorm and RMSNorm in every dtype, fp32 dx and
+dweight within 1e-5 of float64 on rows of mean 1000 and spread 0.1 (and on such rows whose
+first element, LayerNorm's shift, lies far from the rest). Broken kernels (dx without its mean
+term, the shift and the second pass's mean correction dropped, dweight summed over half the
+partial rows, a stage refilled with the wrong row, a group's sums left out, LayerNorm's one-pass
+statistics kept on rows whose shift lies far from the mean) must fail the verifier, a kernel
+without its shift still verifies, and the public functions give torch's gradients.
 """
 
 from __future__ import annotations
@@ -124,17 +126,30 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
     result = verify(_compile(family.render(family.default(problem, limits), problem, limits)),
                     problem)
     assert result.ok, result.summary()
-    for name in ("offset/dx", "offset/dweight"):
-        assert result.errors[name].rel_l2 <= 1e-5, (name, result.errors[name])
+    for case in ("offset", "offset-far-shift"):
+        for name in (f"{case}/dx", f"{case}/dweight"):
+            assert result.errors[name].rel_l2 <= 1e-5, (name, result.errors[name])
+    # The second pass corrects its mean's rounding: without it, a row whose shift lies 100
+    # spreads off its mean is off by about 3e-5 of its terms at an element.
+    assert result.errors["offset-far-shift/dx"].scaled_max <= 1e-5
 
+
+NO_SHIFT = ("const float shift = to_f(x", "const float shift = 0.f * to_f(x")
 
 BREAKS = {
     "drop-mean": (" - c2));", "));"),
-    "no-shift": ("const float shift = to_f(x", "const float shift = 0.f * to_f(x"),
+    # Without its shift every offset row takes the second pass, which is exact only with its
+    # mean's rounding corrected (a kernel without the shift alone verifies: below).
+    "no-shift-uncorrected": (NO_SHIFT, ("      const float m = sr * INV_N;",
+                                        "      const float m = 0.f * sr;")),
     "half-partials": ("p < parts; p += NW", "p < (parts + 1) / 2; p += NW"),
     # One cluster's sums are the gradients (the one-row case): half of them is wrong there only.
     "one-cluster-sums": ("dweight[crank * SEG + j * V + k] = from_f(",
                          "dweight[crank * SEG + j * V + k] = 0.5f * from_f("),
+    # The one-pass statistics kept on rows whose shift lies far from the mean, and the second
+    # pass's variance dropped there: the far-shift case fails both.
+    "one-pass-always": ("if (!(cmean * cmean <= SHIFT_NEAR * var))", "if (false)"),
+    "second-pass-var": ("      var = fmaf(-m, m, s2 * INV_N);", "      (void)s2;"),
 }
 
 # A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
@@ -167,19 +182,35 @@ GROUPS_FORM = "groups"
     ("form", "name"),
     [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
     + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS]
-    + [(GROUPS_FORM, n) for n in ("drop-mean", "no-shift", "half-partials", "stale-stage",
-                                  *GROUPS_BREAKS)])
+    + [(GROUPS_FORM, n) for n in ("drop-mean", "no-shift-uncorrected", "half-partials",
+                                  "stale-stage", "one-pass-always", *GROUPS_BREAKS)])
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")
     config = family.config_from_dict(
         GROUPS_CONFIG if form == GROUPS_FORM else BROKEN_CONFIGS[form])
     kernel = family.render(config, problem, limits)
-    old, new = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS}[name]
-    assert old in kernel.source
-    broken = dataclasses.replace(kernel, source=kernel.source.replace(old, new))
-    result = verify(_compile(broken), problem)
+    edits = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS}[name]
+    source = kernel.source
+    for old, new in edits if isinstance(edits[0], tuple) else (edits,):
+        assert old in source
+        source = source.replace(old, new)
+    result = verify(_compile(dataclasses.replace(kernel, source=source)), problem)
     assert not result.ok, f"{name} passed verification"
+
+
+def test_a_kernel_without_its_shift_still_verifies(limits) -> None:  # noqa: ANN001
+    # Its offset rows (mean 1000) all take the corrected second pass, which keeps them exact.
+    family = registry.get("layer_norm_backward")
+    problem = family.problem(hidden=4096, dtype="float32")
+    kernel = family.render(family.config_from_dict(BROKEN_CONFIGS["held"]), problem, limits)
+    old, new = NO_SHIFT
+    assert old in kernel.source
+    result = verify(_compile(dataclasses.replace(kernel, source=kernel.source.replace(old, new))),
+                    problem)
+    assert result.ok, result.summary()
+    for name in ("offset/dx", "offset/dweight", "offset-far-shift/dx"):
+        assert result.errors[name].rel_l2 <= 1e-5, (name, result.errors[name])
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])

@@ -16,7 +16,9 @@ from autonorm.codegen.spellings import dtype_names
 from autonorm.ops.norm_backward.config import BackwardConfig
 from autonorm.ops.norm_backward.plan import (
     ROWS_PER_CLUSTER,
+    SHIFT_NEAR,
     SPREAD_ROWS,
+    TOTALS,
     Plan,
     require_valid,
 )
@@ -128,4 +130,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "BARS_OFFSET": plan.bars_offset,
         "SPREAD": SPREAD_ROWS,
         "RPC": ROWS_PER_CLUSTER,
+        "XS": TOTALS[problem.norm],
+        "SHIFT_NEAR": SHIFT_NEAR,
     }

@@ -52,21 +52,33 @@ BASE_REGS = 64
 SPREAD_ROWS = 16
 ROWS_PER_CLUSTER = 4
 
-# Static shared memory: two reduction buffers of 32 warps x 3 floats, and the column tile of
-# the final sums (128 floats a warp).
-RED_BYTES = 2 * 32 * 3 * 4
+# Static shared memory: two reduction buffers of 32 warps x TOTALS floats (at least 3), and the
+# column tile of the final sums (128 floats a warp).
 TILE_BYTES_PER_WARP = 128 * 4
+# Sums a reduction passes at once: LayerNorm's statistics take one reduction of four (the
+# shifted sums), RMSNorm's one of two.
+TOTALS = {"layer": 4, "rms": 2}
+# LayerNorm's one-pass statistics about the shift (the row's first element) stand where
+# cmean^2 <= SHIFT_NEAR * var, cmean being the mean less the shift: the shift lies within two
+# standard deviations of the mean and the sums about it cancel by at most 1 + SHIFT_NEAR. Other
+# rows sum about the mean in a second pass (docs/backward.md).
+SHIFT_NEAR = 4.0
 
-# A cluster kernel's static shared memory beyond the others': its exchange (two buffers of two
-# floats from each block of the cluster, and an mbarrier a buffer), which ptxas places in whole
-# 128-byte units (nvcc 13.0, sm_90: 128, 128 and 256 bytes more than without a cluster for
-# clusters of 2, 4 and 8).
+# A cluster kernel's static shared memory beyond the others': its exchange (two buffers of
+# TOTALS floats from each block of the cluster, and an mbarrier a buffer), which ptxas places in
+# whole 128-byte units (nvcc 13.0, sm_90, two floats: 128, 128 and 256 bytes more than without a
+# cluster for clusters of 2, 4 and 8).
 CLUSTER_SMEM_UNIT = 128
 
 
-def cluster_exchange_bytes(cluster: int) -> int:
+def red_bytes(norm: str) -> int:
+    """Static shared memory of a kernel's two reduction buffers."""
+    return 2 * 32 * max(TOTALS[norm], 3) * 4
+
+
+def cluster_exchange_bytes(cluster: int, norm: str) -> int:
     """Static shared memory a cluster of ``cluster`` blocks adds to each block's kernel."""
-    used = 2 * cluster * 2 * 4 + 2 * 8
+    used = 2 * cluster * TOTALS[norm] * 4 + 2 * 8
     return -(-used // CLUSTER_SMEM_UNIT) * CLUSTER_SMEM_UNIT
 
 
@@ -147,9 +159,9 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         smem = bars + 8 * config.stages
     else:
         bars = smem
-    static = RED_BYTES + (config.threads // 32) * TILE_BYTES_PER_WARP
+    static = red_bytes(problem.norm) + (config.threads // 32) * TILE_BYTES_PER_WARP
     if config.cluster > 1:
-        static += cluster_exchange_bytes(config.cluster)
+        static += cluster_exchange_bytes(config.cluster, problem.norm)
     return Plan(config, problem, seg, nvec, iters, nvec % config.threads == 0, smem, sums,
                 bars, static, regs)
 
