@@ -143,7 +143,8 @@ def derive_plan(config: Config, problem: BackwardProblem) -> Plan:
         # x and g = dy * w in fp32 (and dy where the sums need it apart from g), less what the
         # passes no longer convert. Fitted to ptxas (nvcc 13.0, sm_90, 636 held bulk kernels of
         # both norms, plain and fused, bf16 and fp32, hidden 1024-65536, each near its register
-        # cap): at these rates none that fits spills; RMSNorm at 1 an element, 10 did.
+        # cap): at these rates none that fits spills; RMSNorm at 1 an element, 10 did. LayerNorm's
+        # one-pass statistics hold more: 68 of 347 near their cap spill (docs/backward.md).
         regs += elems if problem.norm == "layer" else elems * 3 // 2
     if config.acc == "registers":
         regs += problem.sums * elems
