@@ -283,8 +283,8 @@ def test_default_prefetches_without_bulk_copy(op: str, dtype: str, label: str) -
 @pytest.mark.parametrize(("op", "dtype", "hidden", "label"), [
     # The fastest of a grid of 36 bulk kernels (threads x blocks x stages x sums) at each
     # (H200, docs/backward.md); LayerNorm's held forms are below.
-    ("rms_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2"),
-    ("rms_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2"),
+    ("rms_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2-l"),
+    ("rms_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2-l"),
 ])
 def test_default_takes_the_bulk_kernel_measured_fastest(op, dtype, hidden, label) -> None:  # noqa: ANN001
     family = registry.get(op)
@@ -320,7 +320,7 @@ def test_few_rows_default_is_the_form_measured_fastest() -> None:
     problem = family.problem(hidden=4096, dtype="bfloat16")
     for rows in (1, 9, 64):
         assert family.default(problem, H200, rows).label() == "t128v8-bulk-accregisters-p1-s2-c4"
-    assert family.default(problem, H200, 256).label() == "t256v8-bulk-accregisters-p1-s4-h"
+    assert family.default(problem, H200, 256).label() == "t256v8-bulk-accregisters-p1-s4-h-l"
     assert family.default(problem, A100, 8).cache != "bulk"
 
 
@@ -337,15 +337,15 @@ def test_long_rows_keep_sums_out_of_l2_behind_bulk_stages() -> None:
     # Past 8192 elements rows split over the smallest cluster that leaves a block 4096 or
     # fewer, 256 threads and two blocks an SM, held: the fastest form timed at each of these
     # (H200, docs/backward.md).
-    ("layer_norm_backward", "bfloat16", 12288, "t256v8-bulk-accregisters-p2-s2-c4-h"),
-    ("layer_norm_backward", "bfloat16", 16384, "t256v8-bulk-accregisters-p2-s2-c4-h"),
-    ("layer_norm_backward", "bfloat16", 32768, "t256v8-bulk-accregisters-p2-s2-c8-h"),
-    ("rms_norm_backward", "bfloat16", 32768, "t256v8-bulk-accregisters-p2-s2-c8-h"),
-    ("rms_norm_backward", "float32", 32768, "t256v4-bulk-accregisters-p2-s2-c8-h"),
-    ("layer_norm_backward", "float32", 12288, "t256v4-bulk-accregisters-p2-s2-c4-h"),
+    ("layer_norm_backward", "bfloat16", 12288, "t256v8-bulk-accregisters-p2-s2-c4-h-l"),
+    ("layer_norm_backward", "bfloat16", 16384, "t256v8-bulk-accregisters-p2-s2-c4-h-l"),
+    ("layer_norm_backward", "bfloat16", 32768, "t256v8-bulk-accregisters-p2-s2-c8-h-l"),
+    ("rms_norm_backward", "bfloat16", 32768, "t256v8-bulk-accregisters-p2-s2-c8-h-l"),
+    ("rms_norm_backward", "float32", 32768, "t256v4-bulk-accregisters-p2-s2-c8-h-l"),
+    ("layer_norm_backward", "float32", 12288, "t256v4-bulk-accregisters-p2-s2-c4-h-l"),
     # Where that form does not fit, the cluster's bulk pick, held where that fits.
-    ("layer_norm_backward", "bfloat16", 65536, "t512v8-bulk-accregisters-p1-s2-c8-h"),
-    ("layer_norm_backward", "float32", 65536, "t512v4-bulk-accregisters-p1-s2-c8"),
+    ("layer_norm_backward", "bfloat16", 65536, "t512v8-bulk-accregisters-p1-s2-c8-h-l"),
+    ("layer_norm_backward", "float32", 65536, "t512v4-bulk-accregisters-p1-s2-c8-l"),
 ])
 def test_long_rows_split_over_a_cluster(op: str, dtype: str, hidden: int, label: str) -> None:
     family = registry.get(op)
@@ -357,7 +357,7 @@ def test_whole_rows_come_before_clusters() -> None:
     # 70.8% (H200, docs/backward.md).
     family = registry.get("layer_norm_backward")
     default = family.default(family.problem(hidden=8192, dtype="bfloat16"), H200)
-    assert default.label() == "t512v8-bulk-accregisters-p1-s2-h"
+    assert default.label() == "t512v8-bulk-accregisters-p1-s2-h-l"
     # Rows no cluster splits into whole 16-byte vectors stay whole.
     odd = family.default(family.problem(hidden=12296, dtype="bfloat16"), H200)
     assert odd.cluster == 1
@@ -489,16 +489,16 @@ def test_hold_keeps_the_names_of_kernels_without_it() -> None:
     # held, where the space has it (bf16 2048 80.8% of copy against 67.5% for the held twin,
     # 4096 76.5% against 72.5%); else the held twin of the bulk pick (bf16 1024 x1.19, 3072
     # x1.22, 8192 x1.20).
-    ("layer_norm_backward", "bfloat16", 2048, "t128v8-bulk-accregisters-p2-s4-h"),
-    ("layer_norm_backward", "bfloat16", 4096, "t256v8-bulk-accregisters-p1-s4-h"),
-    ("layer_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4-h"),
-    ("layer_norm_backward", "bfloat16", 3072, "t256v8-bulk-accregisters-p2-s3-h"),
-    ("layer_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2-h"),
+    ("layer_norm_backward", "bfloat16", 2048, "t128v8-bulk-accregisters-p2-s4-h-l"),
+    ("layer_norm_backward", "bfloat16", 4096, "t256v8-bulk-accregisters-p1-s4-h-l"),
+    ("layer_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4-h-l"),
+    ("layer_norm_backward", "bfloat16", 3072, "t256v8-bulk-accregisters-p2-s3-h-l"),
+    ("layer_norm_backward", "bfloat16", 8192, "t512v8-bulk-accregisters-p1-s2-h-l"),
     # fp32 rows and RMSNorm gained nothing from holding a whole row (fp32 2048: 94.1% of copy
     # without, 92.4% half the blocks held).
-    ("layer_norm_backward", "float32", 2048, "t256v4-bulk-accregisters-p2-s2"),
-    ("layer_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2"),
-    ("rms_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4"),
+    ("layer_norm_backward", "float32", 2048, "t256v4-bulk-accregisters-p2-s2-l"),
+    ("layer_norm_backward", "float32", 4096, "t512v4-bulk-accregisters-p1-s2-l"),
+    ("rms_norm_backward", "bfloat16", 1024, "t128v8-bulk-accregisters-p4-s4-l"),
 ])
 def test_layer_norm_default_holds_its_row_where_it_fits(op, dtype, hidden, label) -> None:  # noqa: ANN001
     family = registry.get(op)
@@ -528,7 +528,8 @@ def test_the_space_is_every_candidate_that_check_accepts(op: str, hidden: int, d
             for rest in itertools.product(
                     (False, True) if cache == "registers" else (False,),
                     fields.STAGES[1:] if bulk else (0,), fields.CLUSTERS if bulk else (1,),
-                    (False, True) if bulk else (False,), fields.GROUPS if bulk else (1,)):
+                    (False, True) if bulk else (False,), fields.GROUPS if bulk else (1,),
+                    (False, True) if threads >= fields.LANES_MIN_THREADS else (False,)):
                 yield BackwardConfig(threads, vec, cache, acc, blocks, *rest)
 
     problem = registry.get(op).problem(hidden=hidden, dtype=dtype, **form)
@@ -536,3 +537,50 @@ def test_the_space_is_every_candidate_that_check_accepts(op: str, hidden: int, d
         accepted = [c for c in product() if not check(c, problem, device)]
         assert accepted
         assert enumerate_space(problem, device) == accepted
+
+
+def test_lanes_is_a_knob_of_two_warps_or_more() -> None:
+    problem = LayerNormBackward(4096, "bfloat16")
+    lanes = BackwardConfig(256, 8, "bulk", "registers", 1, stages=4, hold=True, lanes=True)
+    assert lanes.label() == "t256v8-bulk-accregisters-p1-s4-h-l"
+    assert BackwardConfig.from_label(lanes.label()) == lanes
+    assert check(lanes, problem, H200) == []
+    one_warp = BackwardConfig(32, 8, "bulk", "registers", 1, stages=2, lanes=True)
+    assert any("one warp" in r for r in check(one_warp, LayerNormBackward(256, "bfloat16"), H200))
+    space = registry.get("layer_norm_backward").space(problem, H200)
+    assert lanes in space
+    assert dataclasses.replace(lanes, lanes=False) in space
+    # The lane-by-lane sums render their own reduction; without the knob the kernel's name and
+    # source are those of the kernel before the knob existed.
+    family = registry.get("layer_norm_backward")
+    with_lanes = family.render(lanes, problem, H200).source
+    without = family.render(dataclasses.replace(lanes, lanes=False), problem, H200).source
+    assert "lane l ends with the total" in with_lanes
+    assert "lane l ends with the total" not in without
+
+
+@pytest.mark.parametrize(("op", "dtype", "hidden", "rows", "lanes"), [
+    # Sums in registers behind bulk stages meet lane by lane (x1.01-1.14 over the thread-by-
+    # thread sums, H200, docs/backward.md); sums in shared memory (a held 16-bit 65536 kernel
+    # without a bias lost 8%) and the few-row forms (1-2%) keep the thread-by-thread sums, and
+    # so do kernels without bulk copy, where lanes were not timed.
+    ("layer_norm_backward", "bfloat16", 4096, None, True),
+    ("layer_norm_backward", "float32", 65536, None, True),
+    ("rms_norm_backward", "float32", 8192, None, True),
+    ("layer_norm_backward", "float32", 16384, None, False),
+    ("layer_norm_backward", "bfloat16", 4096, 8, False),
+    ("layer_norm_backward", "bfloat16", 4096, 64, False),
+])
+def test_default_meets_sums_in_registers_lane_by_lane(op, dtype, hidden, rows, lanes) -> None:  # noqa: ANN001
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype)
+    default = family.default(problem, H200, rows)
+    assert default.lanes is lanes
+    assert default.lanes == (default.acc == "registers" and rows is None)
+    assert not family.default(problem, A100, rows).lanes
+
+
+def test_default_sums_in_shared_memory_keep_the_thread_by_thread_sums() -> None:
+    family = registry.get("layer_norm_backward")
+    nobias = family.problem(hidden=65536, dtype="bfloat16", has_bias=False)
+    assert family.default(nobias, H200).label() == "t256v8-bulk-accsmem-p2-s2-c8-h"

@@ -68,6 +68,8 @@ def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
     picks += rng.sample(held, min(PICKS, len(held)))
     grouped = [c for c in space if c.groups > 1]
     picks += rng.sample(grouped, min(PICKS, len(grouped)))
+    laned = [c for c in space if c.lanes]
+    picks += rng.sample(laned, min(PICKS, len(laned)))
     return list(dict.fromkeys(picks))
 
 
@@ -138,7 +140,7 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
 NO_SHIFT = ("const float shift = to_f(x", "const float shift = 0.f * to_f(x")
 
 BREAKS = {
-    "drop-mean": (" - c2));", "));"),
+    "drop-mean": ("- c2", "- 0.f * c2"),
     # Without its shift every offset row takes the second pass, which is exact only with its
     # mean's rounding corrected (a kernel without the shift alone verifies: below).
     "no-shift-uncorrected": (NO_SHIFT, ("      const float m = sr * INV_N;",
@@ -169,6 +171,18 @@ BROKEN_CONFIGS = {
              "stages": 2, "hold": True},
 }
 
+# A held row split over a cluster of two whose sums meet lane by lane, and what breaks there:
+# the warps' butterfly stopped a level short (half the warps' totals), the blocks' butterfly
+# left out (each block its own totals), the second transposed level keeping the wrong half.
+LANES_CONFIG = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
+                "blocks_per_sm": 1, "stages": 2, "cluster": 2, "hold": True, "lanes": True}
+LANES_BREAKS = {
+    "lanes-half-warps": ("for (int o = 4; o < 32; o <<= 1)", "for (int o = 4; o < 16; o <<= 1)"),
+    "lanes-own-block": ("for (int o = 4; o < C * 4; o <<= 1)", "for (int o = 4; o < 4; o <<= 1)"),
+    "lanes-wrong-half": ("(up8 ? tb : ta)", "(up8 ? ta : tb)"),
+}
+LANES_FORM = "lanes"
+
 
 # Two groups of a cluster of two blocks each, whose sums meet in distributed shared memory (one
 # cluster) or in partials (the verifier's grid of three clusters); the last group's sums left
@@ -184,14 +198,16 @@ GROUPS_FORM = "groups"
     [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
     + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS]
     + [(GROUPS_FORM, n) for n in ("drop-mean", "no-shift-uncorrected", "half-partials",
-                                  "stale-stage", "one-pass-always", *GROUPS_BREAKS)])
+                                  "stale-stage", "one-pass-always", *GROUPS_BREAKS)]
+    + [(LANES_FORM, n) for n in ("drop-mean", "one-pass-always", "second-pass-var",
+                                 *LANES_BREAKS)])
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")
     config = family.config_from_dict(
-        GROUPS_CONFIG if form == GROUPS_FORM else BROKEN_CONFIGS[form])
+        {GROUPS_FORM: GROUPS_CONFIG, LANES_FORM: LANES_CONFIG}.get(form) or BROKEN_CONFIGS[form])
     kernel = family.render(config, problem, limits)
-    edits = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS}[name]
+    edits = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS, **LANES_BREAKS}[name]
     source = kernel.source
     for old, new in edits if isinstance(edits[0], tuple) else (edits,):
         assert old in source

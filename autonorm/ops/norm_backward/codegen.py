@@ -30,7 +30,7 @@ TEMPLATE = "norm_bwd.cu.j2"
 KERNEL_TEMPLATES = (TEMPLATE, "reduce.cuh.j2", "convert.cuh.j2", "mbarrier.cuh.j2")
 
 # Fields added after kernels were named: at their defaults they stay out of a kernel's name.
-LATE_FIELDS = ("hold", "groups")
+LATE_FIELDS = ("hold", "groups", "lanes")
 
 # Columns of one tile of the final column sums (4 a lane of one warp; the template's 128).
 COLUMN_TILE = 128
@@ -125,6 +125,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "C": config.cluster,
         "R": config.groups,
         "HOLD": config.hold,
+        "LANES": config.lanes,
         "RES": problem.residual,
         "STAGE_OFFSET": plan.stage_offset,
         "BARS_OFFSET": plan.bars_offset,

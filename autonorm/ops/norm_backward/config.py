@@ -40,8 +40,12 @@ CLUSTERS = (1, 2, 4, 8)
 GROUPS = (1, 2, 4, 8)
 MAX_CLUSTER_BLOCKS = 8
 
+# The fewest threads a block adding a row's sums by lanes needs: two warps, whose totals meet.
+LANES_MIN_THREADS = 64
+
 _LABEL = re.compile(
-    r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?(?:-g(\d+))?(-h)?")
+    r"t(\d+)v(\d+)-([a-z]+)-acc([a-z]+)-p(\d+)(-f)?(?:-s(\d+))?(?:-c(\d+))?(?:-g(\d+))?"
+    r"(-h)?(-l)?")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ class BackwardConfig:
             into fp32 registers (x, dy and dy * w) that every pass reads, and the stage takes
             its next row as soon as the first reduction has met; without it each pass reads
             and converts the stage again, and the stage is refilled after the row.
+        lanes: a row's sums meet lane by lane: each warp's totals by shuffles that halve the
+            values a lane carries at every level, the warps' totals by one shared load a lane
+            and a butterfly (and, for a held row, the cluster's totals likewise); without it
+            every thread adds every warp's (and block's) totals in turn. Fewer instructions
+            against a longer chain of shuffles: which wins depends on the kernel.
     """
 
     threads: int = 256
@@ -77,6 +86,7 @@ class BackwardConfig:
     cluster: int = 1
     hold: bool = False
     groups: int = 1
+    lanes: bool = False
 
     def to_dict(self) -> dict[str, object]:
         """Return the fields as plain JSON values."""
@@ -93,14 +103,15 @@ class BackwardConfig:
 
         ``-f`` marks prefetch, ``-s3`` three bulk-copy stages, ``-c4`` a cluster of four and
         ``-g2`` two groups of blocks taking rows side by side, ``-h`` a row held in fp32
-        registers.
+        registers, ``-l`` sums that meet lane by lane.
         """
         return (f"t{self.threads}v{self.vec}-{self.cache}-acc{self.acc}"
                 f"-p{self.blocks_per_sm}{'-f' if self.prefetch else ''}"
                 f"{f'-s{self.stages}' if self.stages else ''}"
                 f"{f'-c{self.cluster}' if self.cluster > 1 else ''}"
                 f"{f'-g{self.groups}' if self.groups > 1 else ''}"
-                f"{'-h' if self.hold else ''}")
+                f"{'-h' if self.hold else ''}"
+                f"{'-l' if self.lanes else ''}")
 
     @classmethod
     def from_label(cls, label: str) -> BackwardConfig:
@@ -112,7 +123,8 @@ class BackwardConfig:
         match = _LABEL.fullmatch(label)
         if match is None:
             raise ValueError(f"not a backward kernel label: {label!r}")
-        threads, vec, cache, acc, blocks, prefetch, stages, cluster, groups, hold = (
+        threads, vec, cache, acc, blocks, prefetch, stages, cluster, groups, hold, lanes = (
             match.groups())
         return cls(int(threads), int(vec), cache, acc, int(blocks), prefetch is not None,
-                   int(stages or 0), int(cluster or 1), hold is not None, int(groups or 1))
+                   int(stages or 0), int(cluster or 1), hold is not None, int(groups or 1),
+                   lanes is not None)

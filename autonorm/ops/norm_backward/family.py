@@ -16,6 +16,7 @@ from autonorm.ops.norm_backward.config import (
     CACHES,
     CLUSTERS,
     GROUPS,
+    LANES_MIN_THREADS,
     STAGES,
     THREADS,
     VECS,
@@ -59,8 +60,9 @@ class BackwardFamily:
     def suggest(self, trial: Any) -> BackwardConfig:
         """Ask ``trial`` for one point of the space (parameters named as the fields)."""
         cache = trial.suggest_categorical("cache", CACHES)
+        threads = trial.suggest_categorical("threads", THREADS)
         return BackwardConfig(
-            threads=trial.suggest_categorical("threads", THREADS),
+            threads=threads,
             vec=trial.suggest_categorical("vec", VECS),
             cache=cache,
             acc=trial.suggest_categorical("acc", ACCS),
@@ -74,6 +76,8 @@ class BackwardFamily:
             hold=(trial.suggest_categorical("hold", (False, True))
                   if cache == "bulk" else False),
             groups=trial.suggest_categorical("groups", GROUPS) if cache == "bulk" else 1,
+            lanes=(trial.suggest_categorical("lanes", (False, True))
+                   if threads >= LANES_MIN_THREADS else False),
         )
 
     def check(

@@ -19,6 +19,7 @@ from autonorm.ops.norm_backward.config import (
     CACHES,
     CLUSTERS,
     GROUPS,
+    LANES_MIN_THREADS,
     MAX_CLUSTER_BLOCKS,
     STAGES,
     THREADS,
@@ -52,7 +53,7 @@ BASE_REGS = 64
 SPREAD_ROWS = 16
 ROWS_PER_CLUSTER = 4
 
-# Static shared memory: two reduction buffers of 32 warps x TOTALS floats (at least 3), and the
+# Static shared memory: two reduction buffers of 32 warps x TOTALS floats, and the
 # column tile of the final sums (128 floats a warp).
 TILE_BYTES_PER_WARP = 128 * 4
 # Sums a reduction passes at once: LayerNorm's statistics take one reduction of four (the
@@ -73,7 +74,7 @@ CLUSTER_SMEM_UNIT = 128
 
 def red_bytes(norm: str) -> int:
     """Static shared memory of a kernel's two reduction buffers."""
-    return 2 * 32 * max(TOTALS[norm], 3) * 4
+    return 2 * 32 * TOTALS[norm] * 4
 
 
 def cluster_exchange_bytes(cluster: int, norm: str) -> int:
@@ -198,6 +199,8 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
         reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} cached in registers")
     if config.hold and elems > MAX_CACHED:
         reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} held in registers")
+    if config.lanes and config.threads < LANES_MIN_THREADS:
+        reasons.append(f"lanes add the totals of warps: {config.threads} threads are one warp")
     if config.prefetch and config.cache != "registers":
         reasons.append("prefetch holds the next row in registers: it needs cache=registers")
     if config.cache == "none" and config.acc == "registers" and problem.sums:

@@ -19,6 +19,7 @@ from autonorm.ops.norm_backward.config import (
     CACHES,
     CLUSTERS,
     GROUPS,
+    LANES_MIN_THREADS,
     MAX_CLUSTER_BLOCKS,
     STAGES,
     THREADS,
@@ -101,7 +102,7 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
     :func:`check` refuses whatever their other fields (a vector that does not divide the row, a
     bulk kernel without 16-byte vectors, a cluster that cannot split the row, groups past the
     cluster limit or where they meet nothing) are skipped before their configurations are built:
-    the space of a problem has about 57,000 candidates.
+    the space of a problem has about 104,000 candidates.
     """
     bulk_runs = device.cc >= 90  # type: ignore[attr-defined]
     for threads, vec in itertools.product(THREADS, VECS):
@@ -120,8 +121,9 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
             clusters = CLUSTERS if bulk else (1,)
             holds = (False, True) if bulk else (False,)
             groups = GROUPS if bulk else (1,)
-            for prefetch, stage, cluster, hold, group in itertools.product(
-                prefetches, stages, clusters, holds, groups
+            lanes = (False, True) if threads >= LANES_MIN_THREADS else (False,)
+            for prefetch, stage, cluster, hold, group, lane in itertools.product(
+                prefetches, stages, clusters, holds, groups, lanes
             ):
                 if problem.hidden % (vec * cluster):
                     continue
@@ -129,7 +131,7 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
                                   or acc == "global" or blocks != 1):
                     continue
                 yield Config(threads, vec, cache, acc, blocks, prefetch, stage, cluster, hold,
-                             group)
+                             group, lane)
 
 
 def _score(config: Config, problem: BackwardProblem, device: object) -> tuple:
@@ -298,6 +300,20 @@ def _groups_form(
     return None
 
 
+def _lane_form(config: Config, problem: BackwardProblem, device: object) -> Config:
+    """``config`` with sums that meet lane by lane where it is a bulk kernel summing in registers.
+
+    Against the same kernels adding every total in each thread, such defaults ran x1.01-1.14
+    for LayerNorm (bf16 1024-65536, fp32 1024-65536) and x1.00-1.04 for RMSNorm, where a held
+    kernel with its sums in shared memory lost 8% (16-bit 65536 without a bias) and the
+    few-row forms 1-2% (H200, docs/backward.md); those keep the thread-by-thread sums.
+    """
+    if config.cache != "bulk" or config.acc != "registers":
+        return config
+    form = dataclasses.replace(config, lanes=True)
+    return config if check(form, problem, device) else form
+
+
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
     """Return the untuned default.
 
@@ -308,7 +324,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     :func:`_bulk_score`) where one fits with its sums out of L2, for 16-bit LayerNorm in its
     held form where that fits (:func:`_held_twin`); else the space's best by :func:`_score`
     (prefetching where its registers allow), unless that keeps its sums in L2 and a cluster's
-    bulk kernel can keep them in registers or shared memory.
+    bulk kernel can keep them in registers or shared memory. A bulk pick summing in registers
+    meets its row sums lane by lane (:func:`_lane_form`).
 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
@@ -328,20 +345,22 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates. A
     # held row enters only through _split_form and _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
-              if c.cache == "bulk" and c.acc != "global" and not c.hold}
+              if c.cache == "bulk" and c.acc != "global" and not c.hold and not c.lanes}
     split = _split_form(problem, device, scores)
     if split is not None:
-        return split
+        return _lane_form(split, problem, device)
     bulk = [c for c, score in scores.items() if not score[0]]
     whole = [c for c in bulk if c.cluster == 1]
     if whole:
-        return _held_twin(min(whole, key=scores.__getitem__), problem, device)
-    rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
-    base = min(rest or space, key=lambda c: _score(c, problem, device))
+        return _lane_form(_held_twin(min(whole, key=scores.__getitem__), problem, device),
+                          problem, device)
+    plain = [c for c in space if not c.lanes]
+    rest = [c for c in plain if not c.prefetch and c.cache != "bulk"]
+    base = min(rest or plain, key=lambda c: _score(c, problem, device))
     if base.acc == "global" and bulk:
         # A cluster's sums in registers or shared memory beat sums in L2 (65536, before the
         # one-way exchange: 45.8-58.8% of copy against 22.9-36.6%; H200, docs/backward.md).
-        return min(bulk, key=scores.__getitem__)
+        return _lane_form(min(bulk, key=scores.__getitem__), problem, device)
     # The same kernel with two rows a block in flight, where its registers allow: x1.20-1.47
     # over it at bf16 and fp32 4096 (H200, docs/backward.md).
     prefetching = dataclasses.replace(base, prefetch=True)
