@@ -18,8 +18,10 @@ space without a search; the tuner (``autonorm tune``) is the way to pick a winne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: layer_norm)")
     parser.add_argument("--residual", action="store_true",
                         help="the norm after the fused residual add (LayerNorm and RMSNorm)")
+    parser.add_argument("--no-bias", action="store_true",
+                        help="LayerNorm without a bias (its backward then sums dweight only)")
     parser.add_argument("--dtypes", default="bf16,fp32",
                         help="comma-separated dtypes: bf16, fp16, fp32 (default: bf16,fp32)")
     parser.add_argument("--hidden", default="768,1024,2048,4096,8192,16384,32768,65536",
@@ -76,8 +80,14 @@ def rows_of(args: argparse.Namespace, hidden: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Explore every requested shape; return the process exit code."""
     args = parse_args(argv)
-    from autonorm.dtypes import normalize_dtype
     from autonorm.ops import registry
+
+    family = registry.get(args.op)
+    names = {f.name for f in dataclasses.fields(family.problem(hidden=1024, dtype="float32"))}
+    if args.no_bias and "has_bias" not in names:
+        print(f"explore: --no-bias: {args.op} has no bias", file=sys.stderr)
+        return 2
+    from autonorm.dtypes import normalize_dtype
     from autonorm.runtime.compiler import CompilePool
     from autonorm.runtime.device import query_device
     from autonorm.tune.evaluator import GpuEvaluator
@@ -86,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     limits = query_device().limits()
     pool = CompilePool()
-    family = registry.get(args.op)
     extra = [family.config_from_dict(d) for d in json.loads(args.configs)] if args.configs else []
     records: list[dict] = []
-    fields = {"residual": True} if args.residual else {}
+    fields: dict = {"residual": True} if args.residual else {}
+    if args.no_bias:
+        fields["has_bias"] = False
     for dtype in args.dtypes.split(","):
         for hidden in map(int, args.hidden.split(",")):
             problem = family.problem(hidden=hidden, dtype=normalize_dtype(dtype), **fields)

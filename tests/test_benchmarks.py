@@ -88,6 +88,9 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert explore.rows_of(explore.parse_args([]), 1024) == 2**26 // 1024
     assert explore.rows_of(explore.parse_args(["--elements", "100"]), 490) == 1
     assert explore.parse_args(["--residual"]).residual and not explore.parse_args([]).residual
+    assert explore.parse_args(["--no-bias"]).no_bias and not explore.parse_args([]).no_bias
+    assert explore.main(["--op", "rms_norm_backward", "--no-bias"]) == 2
+    assert "rms_norm_backward has no bias" in capsys.readouterr().err
     for argv, message in ((["--rows", "0"], "--rows must be >= 1, got 0"),
                           (["--rows", "8", "--elements", "64"], "not allowed with argument")):
         with pytest.raises(SystemExit):

@@ -19,6 +19,7 @@ import random
 
 import numpy as np
 import pytest
+from backward_breaks import BROKEN_CONFIGS, NO_SHIFT, PLANTED, plant
 
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.space import FEW_ROWS, GROUP_ROWS
@@ -137,81 +138,12 @@ def test_fp32_offset_rows_within_1e5(op: str, hidden: int, limits) -> None:  # n
     assert result.errors["offset-far-shift/dx"].scaled_max <= 1e-5
 
 
-NO_SHIFT = ("const float shift = to_f(x", "const float shift = 0.f * to_f(x")
-
-BREAKS = {
-    "drop-mean": ("- c2", "- 0.f * c2"),
-    # Without its shift every offset row takes the second pass, which is exact only with its
-    # mean's rounding corrected (a kernel without the shift alone verifies: below).
-    "no-shift-uncorrected": (NO_SHIFT, ("      const float m = sr * INV_N;",
-                                        "      const float m = 0.f * sr;")),
-    "half-partials": ("p < parts; p += NW", "p < (parts + 1) / 2; p += NW"),
-    # One cluster's sums are the gradients (the one-row case): half of them is wrong there only.
-    "one-cluster-sums": ("dweight[crank * SEG + j * V + k] = from_f(",
-                         "dweight[crank * SEG + j * V + k] = 0.5f * from_f("),
-    # The one-pass statistics kept on rows whose shift lies far from the mean, and the second
-    # pass's variance dropped there: the far-shift case fails both.
-    "one-pass-always": ("if (!(cmean * cmean <= SHIFT_NEAR * var))", "if (false)"),
-    "second-pass-var": ("      var = fmaf(-m, m, s2 * INV_N);", "      (void)s2;"),
-}
-
-# A bulk-copy kernel that refills a stage with the wrong row (one it has already taken).
-BULK_BREAKS = {"stale-stage": ("row + S * takers,", "row + (S - 1) * takers,")}
-
-# A kernel holding its row in registers, a bulk-copy one of two stages (whole rows, split over
-# a cluster, and holding its share of the row in fp32 registers).
-BROKEN_CONFIGS = {
-    "registers": {"threads": 256, "vec": 4, "cache": "registers", "acc": "registers",
-                  "blocks_per_sm": 1, "prefetch": True},
-    "bulk": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers", "blocks_per_sm": 2,
-             "stages": 2},
-    "cluster": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
-                "blocks_per_sm": 1, "stages": 2, "cluster": 2},
-    "held": {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers", "blocks_per_sm": 1,
-             "stages": 2, "hold": True},
-}
-
-# A held row split over a cluster of two whose sums meet lane by lane, and what breaks there:
-# the warps' butterfly stopped a level short (half the warps' totals), the blocks' butterfly
-# left out (each block its own totals), the second transposed level keeping the wrong half.
-LANES_CONFIG = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
-                "blocks_per_sm": 1, "stages": 2, "cluster": 2, "hold": True, "lanes": True}
-LANES_BREAKS = {
-    "lanes-half-warps": ("for (int o = 4; o < 32; o <<= 1)", "for (int o = 4; o < 16; o <<= 1)"),
-    "lanes-own-block": ("for (int o = 4; o < C * 4; o <<= 1)", "for (int o = 4; o < 4; o <<= 1)"),
-    "lanes-wrong-half": ("(up8 ? tb : ta)", "(up8 ? ta : tb)"),
-}
-LANES_FORM = "lanes"
-
-
-# Two groups of a cluster of two blocks each, whose sums meet in distributed shared memory (one
-# cluster) or in partials (the verifier's grid of three clusters); the last group's sums left
-# out of that meeting is wrong at any grid.
-GROUPS_CONFIG = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "registers",
-                 "blocks_per_sm": 1, "stages": 2, "cluster": 2, "groups": 2}
-GROUPS_BREAKS = {"drop-group": ("for (int r = 1; r < R; ++r)", "for (int r = 1; r < R - 1; ++r)")}
-GROUPS_FORM = "groups"
-
-
-@pytest.mark.parametrize(
-    ("form", "name"),
-    [(f, n) for f in BROKEN_CONFIGS for n in BREAKS]
-    + [(f, n) for f in ("bulk", "cluster", "held") for n in BULK_BREAKS]
-    + [(GROUPS_FORM, n) for n in ("drop-mean", "no-shift-uncorrected", "half-partials",
-                                  "stale-stage", "one-pass-always", *GROUPS_BREAKS)]
-    + [(LANES_FORM, n) for n in ("drop-mean", "one-pass-always", "second-pass-var",
-                                 *LANES_BREAKS)])
+@pytest.mark.parametrize(("form", "name"), PLANTED)
 def test_broken_kernels_are_rejected(form: str, name: str, limits) -> None:  # noqa: ANN001
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="float32")
-    config = family.config_from_dict(
-        {GROUPS_FORM: GROUPS_CONFIG, LANES_FORM: LANES_CONFIG}.get(form) or BROKEN_CONFIGS[form])
-    kernel = family.render(config, problem, limits)
-    edits = {**BREAKS, **BULK_BREAKS, **GROUPS_BREAKS, **LANES_BREAKS}[name]
-    source = kernel.source
-    for old, new in edits if isinstance(edits[0], tuple) else (edits,):
-        assert old in source
-        source = source.replace(old, new)
+    kernel = family.render(family.config_from_dict(BROKEN_CONFIGS[form]), problem, limits)
+    source = plant(kernel.source, name)
     result = verify(_compile(dataclasses.replace(kernel, source=source)), problem)
     assert not result.ok, f"{name} passed verification"
 
