@@ -52,6 +52,11 @@ TARGET_BULK_THREADS = 512
 # cluster of two, LayerNorm bf16; H200, docs/backward.md).
 SPLIT_ABOVE = 8192
 TARGET_SHARE = 4096
+# The split form with its sums in shared memory holds at most this many elements a thread: at
+# 16 (LayerNorm fp32 16384 and 32768) it was the fastest, at 32 (16-bit LayerNorm 65536 without
+# a bias) the cluster's 512-thread bulk kernel, held, with its sums in registers ran x1.19 (bf16)
+# and x1.33 (fp16) over it (H200, docs/backward.md); 20-24 are untimed and keep the form.
+SPLIT_SMEM_MAX_ELEMS = 24
 
 # At up to FEW_ROWS rows a backward is a launch, a few row reductions and the column sums
 # meeting: its time is latency, and a block of FEW_THREADS threads with one to four vectors of
@@ -223,6 +228,8 @@ def _split_form(
     vec = 16 // problem.itemsize
     for acc in ("registers", "smem"):
         form = Config(256, vec, "bulk", acc, 2, stages=2, cluster=cluster, hold=True)
+        if acc == "smem" and derive_plan(form, problem).iters * vec > SPLIT_SMEM_MAX_ELEMS:
+            break
         if not check(form, problem, device):
             return form
     pick = min((c for c in bulk if c.cluster == cluster), key=scores.__getitem__)
