@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from autonorm.ops import registry
 
     family = registry.get(args.op)
-    names = {f.name for f in dataclasses.fields(family.problem(hidden=1024, dtype="float32"))}
-    if args.no_bias and "has_bias" not in names:
+    if args.no_bias and "has_bias" not in {
+            f.name for f in dataclasses.fields(family.problem(hidden=1024, dtype="float32"))}:
         print(f"explore: --no-bias: {args.op} has no bias", file=sys.stderr)
         return 2
     from autonorm.dtypes import normalize_dtype
