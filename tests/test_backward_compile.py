@@ -2,8 +2,9 @@
 
 A fixed-seed sample takes one configuration of every template branch the backward space has at
 each sampled size (the row in registers, reloaded or staged; the sums' place; prefetch; a
-cluster; one warp or several; even and ragged loops), each dtype and affine form, and the
-defaults. No ``-diag-suppress``: a template declares a local only where the variant uses it.
+cluster; one warp or several; even and ragged loops), each dtype and affine form, the
+defaults and the shipped winners. No ``-diag-suppress``: a template declares a local only
+where the variant uses it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 from collections import defaultdict
 
 import pytest
-from test_compile_offline import nvcc_diagnostics, requires_nvcc
+from test_compile_offline import nvcc_diagnostics, requires_nvcc, shipped_winners
 
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.plan import derive_plan
@@ -43,7 +44,7 @@ def _branch(config, plan) -> tuple:  # noqa: ANN001
 
 def backward_sample() -> list:
     """One kernel of every (op, weight form, template branch) met at the sampled sizes and
-    dtypes, and every default there."""
+    dtypes, every default there and the shipped winners."""
     rng = random.Random("backward-warnings")
     kernels = {}
     for op, forms in FORMS.items():
@@ -63,6 +64,8 @@ def backward_sample() -> list:
                 config, problem = rng.choice(groups[key])
                 kernel = family.render(config, problem, H200)
                 kernels.setdefault(kernel.name, kernel)
+    for kernel in shipped_winners(backward=True):
+        kernels.setdefault(kernel.name, kernel)
     return list(kernels.values())
 
 

@@ -302,13 +302,17 @@ def branch_picks(family, problem, limits, rng: random.Random, count: int) -> lis
     return [rng.choice(groups[k]) for k in rng.sample(keys, min(count, len(keys)))]
 
 
-def shipped_winners() -> list[RenderedKernel]:
-    """The shipped tuning DB's winners, rendered from the configurations they were tuned as."""
+def shipped_winners(backward: bool = False) -> list[RenderedKernel]:
+    """The shipped tuning DB's winners, rendered from the configurations they were tuned as:
+    the forward kernels', or with ``backward`` the backward kernels' (their own sample)."""
     kernels = []
     for winner in json.loads(SHIPPED_KERNELS.read_text())["winners"]:
         family = registry.get(winner["op"])
+        if (family.config_type is not KernelConfig) != backward:
+            continue
         problem = family.problem(**json.loads(winner["problem"]))
-        kernels.append(family.render(KernelConfig.from_label(winner["label"]), problem, H200))
+        config = family.config_type.from_label(winner["label"])
+        kernels.append(family.render(config, problem, H200))
     return kernels
 
 

@@ -59,7 +59,7 @@ def _render(db: TuningDB, winner):  # noqa: ANN001, ANN202
 def test_the_shipped_db_holds_the_tuned_winners(shipped: TuningDB) -> None:
     assert shipped.schema_version == SCHEMA_VERSION
     winners = shipped.winners()
-    assert len(winners) == len(EXPECTED) == 126
+    assert len(winners) == len(EXPECTED) == 154
     assert {w.key for w in winners} == set(EXPECTED)
     assert all(w.kernel is not None for w in winners)
     assert [d["fingerprint"] for d in shipped.devices()] == [H200.fingerprint]
@@ -114,7 +114,7 @@ def test_opening_the_shipped_db_leaves_no_files_beside_it(monkeypatch) -> None: 
     before = sorted(p.name for p in SHIPPED.parent.iterdir())
     assert not [name for name in before if name.startswith("autonorm.db-")]
     with TuningDB.open_shipped() as db:
-        assert len(db.winners()) == 126
+        assert len(db.winners()) == 154
         assert sorted(p.name for p in SHIPPED.parent.iterdir()) == before
     assert sorted(p.name for p in SHIPPED.parent.iterdir()) == before
 
@@ -184,7 +184,7 @@ def test_every_shipped_winner_verifies_on_an_h200(shipped: TuningDB) -> None:
     if query_device().fingerprint != H200.fingerprint:
         pytest.skip("the shipped winners were tuned on an H200")
     winners = shipped.winners()
-    assert len(winners) == 126
+    assert len(winners) == 154
     failures = []
     for winner in winners:
         problem, config, rendered = _render(shipped, winner)
