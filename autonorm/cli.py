@@ -186,7 +186,7 @@ def _tune_one(
             f"no candidate passed verification ({describe_failures(tuned.failures)}); "
             "nothing stored"
         )
-    t, kept = tuned.timing, " (incumbent kept)" if tuned.incumbent_kept else ""
+    t, kept = tuned.timing, tuned.kept_note
     click.echo(
         f"winner{kept}: {tuned.config.label()}\n"
         f"  {t.median_us:.1f} us  {t.gbps:.0f} GB/s  {t.share * 100:.1f}% of copy bandwidth "

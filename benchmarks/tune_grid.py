@@ -334,7 +334,7 @@ def report(tuned: TunedKernel, seconds: float) -> str:
     if not tuned.stored:
         return f"{shape} nothing verified {tuned.failures} ({seconds:.0f} s)"
     t = tuned.timing
-    kept = " (incumbent kept)" if tuned.incumbent_kept else ""
+    kept = tuned.kept_note
     return (f"{shape} {t.share * 100:5.1f}% {t.gbps:6.0f} GB/s {t.median_us:7.1f} us "
             f"{tuned.config.label()}{kept} ({seconds:.0f} s)")
 

@@ -123,14 +123,50 @@ def test_a_winner_whose_kernel_changed_is_not_defended(user_db):
         assert session.incumbent_of(db, first.key, PROBLEM, H200) is None
         db.set_winner(first.key, first.config.to_dict(), first.metrics, first.kernel)
         assert session.incumbent_of(db, first.key, PROBLEM, H200) == first.config
-    # A stale incumbent (kernel digest "0"*64) is not among the contenders of the finals.
+    # A stale incumbent (kernel digest "0"*64) does not defend: the default does, as where
+    # nothing is stored, against the three best challengers.
     with TuningDB(user_db) as db:
         db.set_winner(first.key, first.config.to_dict(), first.metrics, "0" * 64)
     evaluator = FakeEvaluator()
     second = run(evaluator)
     ((contenders, _),) = evaluator.retimed
-    assert len(contenders) == 3 and second.incumbent_kept is False
+    assert contenders[0] == FAMILY.default(PROBLEM, H200, ROWS) and len(contenders) == 4
+    assert second.incumbent_kept is False
     assert second.kernel == digest_of(second.config)
+
+
+@pytest.mark.parametrize(("factor", "kept"), [(0.99, True), (0.90, False)])
+def test_with_nothing_stored_the_default_defends_unless_clearly_beaten(user_db, factor, kept):
+    # Dispatch runs the default where nothing is stored: the finals re-time it beside the
+    # challengers, and it stays unless one is faster by more than the noise.
+    default = FAMILY.default(PROBLEM, H200, ROWS)
+
+    def retime(config):
+        if config == default:
+            return 10.0, 0.002
+        return 10.0 * factor + 0.001 * fake_median_us(config), 0.002
+
+    evaluator = FakeEvaluator(retime_fn=retime)
+    tuned = run(evaluator)
+    ((contenders, _),) = evaluator.retimed
+    assert contenders[0] == default and default not in contenders[1:]
+    assert tuned.default_kept is kept and tuned.incumbent_kept is False
+    assert tuned.kept_note == (" (default kept)" if kept else "")
+    if kept:
+        assert tuned.config == default and tuned.timing.median_us == 10.0
+    else:
+        assert tuned.config == min(contenders[1:], key=fake_median_us)
+    with TuningDB(user_db) as db:
+        assert db.get_winner(tuned.key).config == tuned.config.to_dict()
+
+
+def test_a_default_that_failed_verification_does_not_defend(user_db):
+    default = FAMILY.default(PROBLEM, H200, ROWS)
+    evaluator = FakeEvaluator(fail=lambda config: "verification" if config == default else None)
+    tuned = run(evaluator)
+    ((contenders, _),) = evaluator.retimed
+    assert default in evaluator.calls and default not in contenders
+    assert tuned.stored and tuned.config != default and tuned.default_kept is False
 
 
 def test_nothing_verified_stores_nothing(user_db):

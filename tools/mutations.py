@@ -175,9 +175,19 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "challenger-never-wins", "the incumbent stays however clearly it is beaten",
-        "autonorm/tune/finals.py", "    if beats(timed[fastest], timed[incumbent], noise):",
+        "autonorm/tune/finals.py",
+        "    if defender is None or beats(timed[fastest], timed[defender], noise):",
+        "    if defender is None:",
+        (f"{SESSION}::test_a_second_run_defends_the_incumbent_unless_clearly_beaten",
+         f"{SESSION}::test_with_nothing_stored_the_default_defends_unless_clearly_beaten"),
+    ),
+    Mutation(
+        "default-never-defends",
+        "with nothing stored, a challenger no faster than the default wins",
+        "autonorm/tune/finals.py",
+        "    if defender is None and default is not None and default in ranked:",
         "    if False:",
-        (f"{SESSION}::test_a_second_run_defends_the_incumbent_unless_clearly_beaten",),
+        (f"{SESSION}::test_with_nothing_stored_the_default_defends_unless_clearly_beaten",),
     ),
     Mutation(
         "noise-ignored", "any challenger faster by a hair replaces the incumbent",

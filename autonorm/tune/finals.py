@@ -54,8 +54,16 @@ def run_finals(
     top: int,
     rounds: int,
     noise: float,
-) -> tuple[Config | None, Timing | None, bool]:
-    """Re-time the best candidates and the incumbent together; return (best, timing, kept).
+    default: Config | None = None,
+) -> tuple[Config | None, Timing | None, str | None]:
+    """Re-time the best candidates and a defender together; return (best, timing, kept).
+
+    The defender is the incumbent, or where there is none that may still run, ``default`` if
+    the study measured it (so it passed verification): without a stored winner dispatch runs
+    the default, so a challenger must beat it as clearly as it would a stored winner, in the
+    finals' regime: the search's back-to-back timing ranks kernels apart from single launches
+    (docs/tuning.md), and a default left out of the finals was judged by that alone.
+    ``kept`` says which defender stayed: ``"incumbent"``, ``"default"`` or None.
 
     Args:
         trials: the study's trials.
@@ -65,27 +73,28 @@ def run_finals(
         incumbent: the configuration in use now, or None.
         top: distinct challengers to re-time, fastest first.
         rounds: interleaved rounds.
-        noise: smallest relative speed-up that replaces the incumbent (see :func:`beats`).
+        noise: smallest relative speed-up that replaces the defender (see :func:`beats`).
+        default: the configuration that runs where no winner is stored (the family's default).
 
     """
     family = family_of(problem)
     if incumbent is not None and family.check(incumbent, problem, limits):
         incumbent = None  # it cannot run this problem any more: nothing to defend
+    ranked = ranked_configs(trials, family)
+    defender, kind = incumbent, "incumbent"
+    if defender is None and default is not None and default in ranked:
+        defender, kind = default, "default"
     challengers = [
-        c
-        for c in ranked_configs(trials, family)
-        if c != incumbent and not family.check(c, problem, limits)
+        c for c in ranked if c != defender and not family.check(c, problem, limits)
     ][:top]
-    contenders = ([incumbent] if incumbent is not None else []) + challengers
+    contenders = ([defender] if defender is not None else []) + challengers
     if not contenders:
-        return None, None, False
+        return None, None, None
     timings = evaluator.retime(contenders, rounds)
     timed = dict(zip(contenders, timings, strict=True))
     if not challengers:
-        return incumbent, timed[incumbent], True
+        return defender, timed[defender], kind
     fastest = min(challengers, key=lambda c: timed[c].median_us)
-    if incumbent is None:
-        return fastest, timed[fastest], False
-    if beats(timed[fastest], timed[incumbent], noise):
-        return fastest, timed[fastest], False
-    return incumbent, timed[incumbent], True
+    if defender is None or beats(timed[fastest], timed[defender], noise):
+        return fastest, timed[fastest], None
+    return defender, timed[defender], kind

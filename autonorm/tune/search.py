@@ -94,6 +94,7 @@ class TuneResult:
         best: the finals winner (the search's best when finals are skipped), or None.
         timing: the finals timing of ``best`` (its search timing when finals are skipped).
         incumbent_kept: True when the incumbent stayed because no challenger beat it clearly.
+        default_kept: True when, with no incumbent, the default stayed the same way.
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations in the study, by failure class.
         elapsed_s: wall-clock seconds of this call, finals included.
@@ -108,6 +109,7 @@ class TuneResult:
     failures: dict[str, int]
     elapsed_s: float
     study_name: str
+    default_kept: bool = False
 
 
 def _sampler_seed(seed: int, worker_index: int | None) -> int:
@@ -316,6 +318,7 @@ def tune(
     progress: bool = True,
     worker_index: int | None = None,
     seeds: Sequence[Config] = (),
+    default: Config | None = None,
 ) -> TuneResult:
     """Search the kernel space of ``problem``, then re-time the best against the incumbent.
 
@@ -340,6 +343,8 @@ def tune(
         worker_index: index of a parallel worker; it gives the sampler a distinct seed.
         seeds: configurations to measure first (enqueued once, when the study is new), e.g.
             the family's ``seeds``.
+        default: what runs where no winner is stored; with no incumbent it defends as one
+            (:func:`autonorm.tune.finals.run_finals`).
 
     Returns:
         The finals winner and its timing, and counts over the whole study.
@@ -382,17 +387,14 @@ def tune(
     if settings.finals_top > 0:
         best, timing, kept = run_finals(
             trials, evaluator, problem, limits, incumbent=incumbent, top=settings.finals_top,
-            rounds=settings.finals_rounds, noise=settings.noise,
+            rounds=settings.finals_rounds, noise=settings.noise, default=default,
         )
     else:
         best = family.config_from_dict(summary.best.params) if summary.best else None
-        timing, kept = book.timing_of(summary.best), False
+        timing, kept = book.timing_of(summary.best), None
     return TuneResult(
-        best=best,
-        timing=timing,
-        incumbent_kept=kept,
-        evaluated=summary.evaluated,
-        failures=summary.failures,
-        elapsed_s=time.monotonic() - started,
-        study_name=study_name,
+        best=best, timing=timing,
+        incumbent_kept=kept == "incumbent", default_kept=kept == "default",
+        evaluated=summary.evaluated, failures=summary.failures,
+        elapsed_s=time.monotonic() - started, study_name=study_name,
     )

@@ -54,6 +54,8 @@ class TunedKernel:
         metrics: what was stored with it (timing, rows, trials, copy bandwidth).
         kernel: :func:`autonorm.codegen.environment.kernel_digest` of its rendered source.
         incumbent_kept: the winner stored before stayed: no challenger beat it clearly.
+        default_kept: with no winner stored before, the family's default stayed the same way
+            (and is stored as the winner).
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations of the study, by failure class.
         elapsed_s: wall-clock seconds of the call, workers and finals included.
@@ -75,11 +77,19 @@ class TunedKernel:
     elapsed_s: float
     study: str
     db_path: Path | None
+    default_kept: bool = False
 
     @property
     def stored(self) -> bool:
         """True when a winner was stored."""
         return self.config is not None
+
+    @property
+    def kept_note(self) -> str:
+        """What the tools print after the winner's label when a defender stayed, else ''."""
+        if self.incumbent_kept:
+            return " (incumbent kept)"
+        return " (default kept)" if self.default_kept else ""
 
 
 def incumbent_of(
@@ -223,6 +233,7 @@ def tune_and_store(
     Re-running resumes the study (the same study name for the same GPU, templates, problem and
     rows bucket). The stored winner, if it still renders to the kernel that was timed, is the
     incumbent: it stays unless a challenger beats it by more than the noise in the finals.
+    Where none is stored, the family's default (what dispatch runs then) defends the same way.
 
     Args:
         problem: what to tune; its family (by op) owns the search space.
@@ -298,7 +309,7 @@ def tune_and_store(
         result = search.tune(
             problem, evaluator, limits=limits, storage=storage, study_name=study,
             settings=settings, incumbent=incumbent, on_trial=_recorder(db, key, on_trial),
-            progress=not quiet, seeds=seeds,
+            progress=not quiet, seeds=seeds, default=family.default(problem, limits, rows),
         )
         metrics = kernel = None
         if result.best is not None and result.timing is not None:
@@ -311,7 +322,8 @@ def tune_and_store(
             config=result.best if kernel is not None else None,
             timing=result.timing if kernel is not None else None,
             metrics=metrics, kernel=kernel,
-            incumbent_kept=result.incumbent_kept, evaluated=result.evaluated,
+            incumbent_kept=result.incumbent_kept, default_kept=result.default_kept,
+            evaluated=result.evaluated,
             failures=result.failures, elapsed_s=time.monotonic() - started,
             study=study, db_path=db.path,
         )
