@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(cases: list[Case], rounds: int, info) -> list[dict]:  # noqa: ANN001
     """Time both picks of each case through autonorm.torch, checked against float64 first."""
-    import peers
     import torch
+    from peerbench.timing import graph_ms
 
     import autonorm.torch as ant
     from autonorm import dispatch, lookup
@@ -234,7 +234,7 @@ def measure(cases: list[Case], rounds: int, info) -> list[dict]:  # noqa: ANN001
                     for cache, snapshot in zip(caches, kept[name], strict=True):
                         cache.clear()
                         cache.update(snapshot)
-                    times[name].append(peers.graph_ms(call, rep_ms=5)[0] * 1e3)
+                    times[name].append(graph_ms(call, rep_ms=5)[0] * 1e3)
             rec = {"op": c.op, "dtype": c.dtype, "hidden": c.hidden, "rows": c.rows,
                    "octaves": c.octaves, "nearest": c.nearest.label(),
                    "default": c.default.label(),

@@ -9,7 +9,6 @@ h exact, the in-place form on copies of its own, checked on fresh ones.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,19 +19,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "benchmarks" / "peers.py"
+if str(PEERS.parent) not in sys.path:
+    sys.path.insert(0, str(PEERS.parent))  # benchmarks/ is not a package: peerbench is in it
+
+from peerbench import checks, constants, measurement, ops, shapes, summary  # noqa: E402
+from peerbench.impls import Impls, Unavailable, torch_dtype  # noqa: E402
+
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 IMPLS = {"autonorm", "autonorm-inplace", "eager", "compile", "liger"}
-
-
-@pytest.fixture(scope="module")
-def peers():
-    """benchmarks/peers.py as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("peers_add_rms_under_test", PEERS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while they are built
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
 
 
 def test_the_selftest_counts_both_inputs_and_both_outputs_and_checks_h(tmp_path):
@@ -78,8 +72,8 @@ def test_the_in_place_form_belongs_to_the_fused_add_only(args, expected):
     assert expected in run.stderr, run.stderr
 
 
-def test_the_calls_pass_x_the_residual_the_weight_and_eps(peers):
-    op = peers.OPS["add_rms_norm"]
+def test_the_calls_pass_x_the_residual_the_weight_and_eps():
+    op = ops.OPS["add_rms_norm"]
     calls = []
 
     class Function:
@@ -122,13 +116,13 @@ def _sum_cases(torch, dtype):
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16", "fp32"])
-def test_the_reference_sum_is_autonorms_correctly_rounded_sum(peers, name):
+def test_the_reference_sum_is_autonorms_correctly_rounded_sum(name):
     torch = pytest.importorskip("torch")
     from autonorm.numerics import from_float64
 
-    dtype = peers._torch_dtype(name)
+    dtype = torch_dtype(name)
     x, r = _sum_cases(torch, dtype)
-    h = peers.rounded_sum(x, r)
+    h = ops.rounded_sum(x, r)
     assert h.dtype == dtype
     exact = x.double().numpy() + r.double().numpy()
     if name == "bf16":
@@ -145,7 +139,7 @@ def test_the_reference_sum_is_autonorms_correctly_rounded_sum(peers, name):
     assert tail == [1.0, 1.0 + 2 * ulp, 1.0 + ulp, 1.0, -1.0], tail
 
 
-def test_the_reference_is_autonorms_add_rms_norm_in_float64(peers, monkeypatch):
+def test_the_reference_is_autonorms_add_rms_norm_in_float64(monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F  # noqa: N812
 
@@ -154,8 +148,8 @@ def test_the_reference_is_autonorms_add_rms_norm_in_float64(peers, monkeypatch):
     # Without CuPy the reference is the same formula in torch (CPU tensors have no CuPy view).
     monkeypatch.setitem(sys.modules, "cupy", None)
 
-    op = peers.OPS["add_rms_norm"]
-    shape = peers.Shape("sweep", "fp16", 256, 8, "add_rms_norm")
+    op = ops.OPS["add_rms_norm"]
+    shape = shapes.Shape("sweep", "fp16", 256, 8, "add_rms_norm")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(8, 256, generator=gen).half()
     r = (4.0 * torch.randn(8, 256, generator=gen)).half()
@@ -173,21 +167,21 @@ def test_the_reference_is_autonorms_add_rms_norm_in_float64(peers, monkeypatch):
                  op.compiled(F)(x, w, None, 1e-5, r)):
         assert y.dtype == h.dtype == torch.float16
         assert torch.equal(h.double(), h_ref)
-        assert float((y.double() - y_ref).norm() / y_ref.norm()) < peers.TOL["fp16"]
+        assert float((y.double() - y_ref).norm() / y_ref.norm()) < constants.TOL["fp16"]
 
 
-def test_check_outputs_flags_a_wrong_h_and_reports_an_inexact_one(peers):
+def test_check_outputs_flags_a_wrong_h_and_reports_an_inexact_one():
     torch = pytest.importorskip("torch")
     gen = torch.Generator().manual_seed(2)
     h_ref = torch.randn(4, 64, generator=gen).double()  # a sum rounded to fp32, as the check's
     y_ref = h_ref / h_ref.pow(2).mean(-1, keepdim=True).sqrt()
     refs = (y_ref, h_ref)
     norms = tuple(t.norm() for t in refs)
-    shape = peers.Shape("sweep", "fp32", 64, 4, "add_rms_norm")
+    shape = shapes.Shape("sweep", "fp32", 64, 4, "add_rms_norm")
 
     def checked(y, h):
-        rec = peers.new_record(shape, "eager")
-        peers.check_outputs(rec, (y.float(), h.float()), refs, norms)
+        rec = shapes.new_record(shape, "eager")
+        checks.check_outputs(rec, (y.float(), h.float()), refs, norms)
         return rec
 
     good = checked(y_ref, h_ref)
@@ -200,23 +194,23 @@ def test_check_outputs_flags_a_wrong_h_and_reports_an_inexact_one(peers):
     wrong = checked(y_ref, -h_ref)  # y right, h wrong: the record is WRONG all the same
     assert wrong["status"] == "WRONG" and wrong["h_rel_err"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="1 outputs, expected 2"):
-        peers.check_outputs(peers.new_record(shape, "eager"), y_ref, refs, norms)
+        checks.check_outputs(shapes.new_record(shape, "eager"), y_ref, refs, norms)
 
 
 @pytest.fixture
-def on_the_cpu(peers, monkeypatch):
+def on_the_cpu(monkeypatch):
     """peers with CPU tensors and no CUDA: the torch reference, no synchronizing."""
     torch = pytest.importorskip("torch")
     monkeypatch.setitem(sys.modules, "cupy", None)
-    monkeypatch.setattr(peers, "DEVICE", "cpu")
+    monkeypatch.setattr(constants, "DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     return torch
 
 
-def _run_one_shape(peers, suite: str, names: list[str]):
+def _run_one_shape(suite: str, names: list[str]):
     """Measure one fused-add shape on the CPU; return its records by impl and the inputs
     ``Impls.make`` was given (x, w, r) per impl."""
-    impls = peers.Impls(names, "none", "add_rms_norm")
+    impls = Impls(names, "none", "add_rms_norm")
     assert impls.unavailable == {}
     given = {}
     make = impls.make
@@ -226,13 +220,13 @@ def _run_one_shape(peers, suite: str, names: list[str]):
         return make(impl, shape, x, w, b, eps, r)
 
     impls.make = spy
-    shape = peers.Shape(suite, "bf16", 512, 32, "add_rms_norm")
-    records = peers.run_shape(shape, impls, names, seed=7, log=lambda line: None)
+    shape = shapes.Shape(suite, "bf16", 512, 32, "add_rms_norm")
+    records = measurement.run_shape(shape, impls, names, seed=7, log=lambda line: None)
     return {r["impl"]: r for r in records}, records, given
 
 
 def test_one_shape_runs_with_h_exact_and_the_in_place_form_on_inputs_put_back(
-    peers, on_the_cpu, monkeypatch
+    on_the_cpu, monkeypatch
 ):
     torch = on_the_cpu
     calls = []
@@ -248,17 +242,17 @@ def test_one_shape_runs_with_h_exact_and_the_in_place_form_on_inputs_put_back(
         return 1.0, 0.9, 1.1
 
     ys = []
-    monkeypatch.setattr(peers, "flushed_ms", fake_flushed_ms)
+    monkeypatch.setattr(measurement, "flushed_ms", fake_flushed_ms)
     names = ["autonorm-inplace", "autonorm", "eager"]  # in place first: the others come after
     with torch.no_grad():
-        by, records, given = _run_one_shape(peers, "llm", names)
+        by, records, given = _run_one_shape("llm", names)
     assert set(by) == set(names)
     assert calls == [("read", True), ("zero", True)] + [("read", False), ("zero", False)] * 2
     for name, r in by.items():
         # Checked on fresh inputs: an in-place form checked after its probe launch, or a
         # peer reading inputs the in-place form had overwritten, would be WRONG here.
         assert r["status"] == "ok", (name, r["error"], r["rel_err"], r["h_rel_err"])
-        assert r["h_max_abs_err"] == 0.0 and r["rel_err"] < peers.TOL["bf16"], r
+        assert r["h_max_abs_err"] == 0.0 and r["rel_err"] < constants.TOL["bf16"], r
         assert r["bytes"] == 4 * 32 * 512 * 2 + 512 * 2 and r["ms"] == 1.0
         assert "restore" not in r and "finite_after_timing" not in r
         assert torch.equal(given[name][0], given["autonorm-inplace"][0])
@@ -268,18 +262,18 @@ def test_one_shape_runs_with_h_exact_and_the_in_place_form_on_inputs_put_back(
     import autonorm.torch as an_torch
 
     x, w, r = given["autonorm"]
-    y_once, h_once = an_torch.add_rms_norm(x, r, w, peers.EPS)
+    y_once, h_once = an_torch.add_rms_norm(x, r, w, constants.EPS)
     assert len(ys) == 2
     for y, h in ys:
         assert torch.equal(y, y_once) and torch.equal(h, h_once)
-    lines = peers.residual_lines(records)
+    lines = summary.residual_lines(records)
     assert lines == ["h = x + residual: largest |h - the float64 sum rounded to the dtype| over "
                      "the shapes: autonorm 0 (1/1 shapes exact); autonorm-inplace 0 (1/1 shapes "
                      "exact); eager 0 (1/1 shapes exact)"]
 
 
 def test_latency_puts_the_in_place_inputs_back_and_says_how_far_they_grew(
-    peers, on_the_cpu, monkeypatch
+    on_the_cpu, monkeypatch
 ):
     torch = on_the_cpu
     import autonorm.torch as an_torch
@@ -289,11 +283,11 @@ def test_latency_puts_the_in_place_inputs_back_and_says_how_far_they_grew(
             fn()
         return 1e-3, None, None
 
-    monkeypatch.setattr(peers, "bench_ms", back_to_back)
-    monkeypatch.setattr(peers, "graph_ms", back_to_back)
-    monkeypatch.setattr(peers, "host_us", lambda fn: back_to_back(fn)[0] * 1e3)
+    monkeypatch.setattr(measurement, "bench_ms", back_to_back)
+    monkeypatch.setattr(measurement, "graph_ms", back_to_back)
+    monkeypatch.setattr(measurement, "host_us", lambda fn: back_to_back(fn)[0] * 1e3)
     with torch.no_grad():
-        by, records, given = _run_one_shape(peers, "latency", ["autonorm-inplace", "eager"])
+        by, records, given = _run_one_shape("latency", ["autonorm-inplace", "eager"])
     grown = by["autonorm-inplace"]
     assert grown["status"] == by["eager"]["status"] == "ok"
     assert grown["ms"] == 1e-3 and grown["graph_us"] == 1.0 and grown["host_us"] == 1.0
@@ -302,29 +296,29 @@ def test_latency_puts_the_in_place_inputs_back_and_says_how_far_they_grew(
     x, w, r = given["autonorm-inplace"]
     peaks = []
     for _ in range(3 * 41):
-        an_torch.add_rms_norm(x, r, w, peers.EPS, in_place=True)
+        an_torch.add_rms_norm(x, r, w, constants.EPS, in_place=True)
         peaks.append(max(float(x.abs().max()), float(r.abs().max())))
     assert grown["max_abs_after_timing"] == peaks[40] and grown["finite_after_timing"] is True
     assert peaks[-1] > 2 * peaks[40]  # without putting them back it would have kept growing
     assert "finite_after_timing" not in by["eager"]
-    assert "max |x|, |r| after timing" in peers.progress_line(grown)
-    assert "finite at every shape" in peers.residual_lines(records)[1]
+    assert "max |x|, |r| after timing" in measurement.progress_line(grown)
+    assert "finite at every shape" in summary.residual_lines(records)[1]
 
 
-def test_largest_magnitude_says_inf_for_nan_and_inf(peers):
+def test_largest_magnitude_says_inf_for_nan_and_inf():
     torch = pytest.importorskip("torch")
     a = torch.tensor([1.0, -3.0])
-    assert peers.largest_magnitude((a, a * 2)) == 6.0
+    assert checks.largest_magnitude((a, a * 2)) == 6.0
     for bad in (float("nan"), float("inf")):
-        assert peers.largest_magnitude((a, torch.tensor([bad, 1.0]))) == float("inf")
+        assert checks.largest_magnitude((a, torch.tensor([bad, 1.0]))) == float("inf")
 
 
-def test_without_autonorm_only_the_forms_asked_for_are_unavailable(peers, monkeypatch):
+def test_without_autonorm_only_the_forms_asked_for_are_unavailable(monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setitem(sys.modules, "autonorm", None)  # import autonorm fails
-    impls = peers.Impls(["autonorm-inplace", "eager"], "none", "add_rms_norm")
+    impls = Impls(["autonorm-inplace", "eager"], "none", "add_rms_norm")
     assert set(impls.unavailable) == {"autonorm-inplace"}
     assert "autonorm" in impls.unavailable["autonorm-inplace"]
-    shape = peers.Shape("llm", "fp32", 64, 2, "add_rms_norm")
-    with pytest.raises(peers.Unavailable):
+    shape = shapes.Shape("llm", "fp32", 64, 2, "add_rms_norm")
+    with pytest.raises(Unavailable):
         impls.make("autonorm-inplace", shape, None, None, None, 1e-5, None)

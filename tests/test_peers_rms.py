@@ -8,7 +8,6 @@ calls and references are run on CPU tensors.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,6 +18,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "benchmarks" / "peers.py"
+if str(PEERS.parent) not in sys.path:
+    sys.path.insert(0, str(PEERS.parent))  # benchmarks/ is not a package: peerbench is in it
+
+from peerbench import constants, ops, shapes  # noqa: E402
+from peerbench.impls import Impls, Unavailable  # noqa: E402
+
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -28,17 +33,6 @@ def _selftest(tmp_path: Path, *args: str) -> tuple[str, dict]:
                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     return run.stdout, json.loads((tmp_path / "peers.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def peers():
-    """benchmarks/peers.py as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("peers_under_test", PEERS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while they are built
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
 
 
 def test_the_rms_norm_selftest_compares_its_peers_by_the_bytes_rmsnorm_moves(tmp_path):
@@ -80,8 +74,8 @@ def test_an_impl_or_op_the_benchmark_lacks_is_refused(args, expected):
     assert expected in run.stderr, run.stderr
 
 
-def test_the_rmsnorm_calls_pass_the_weight_and_eps_and_no_bias(peers):
-    op = peers.OPS["rms_norm"]
+def test_the_rmsnorm_calls_pass_the_weight_and_eps_and_no_bias():
+    op = ops.OPS["rms_norm"]
     calls = []
 
     class Function:
@@ -98,14 +92,14 @@ def test_the_rmsnorm_calls_pass_the_weight_and_eps_and_no_bias(peers):
     assert op.liger == ("liger_kernel.ops.rms_norm", "LigerRMSNormFunction")
 
 
-def test_the_rmsnorm_peers_match_autonorms_float64_reference_on_the_cpu(peers, monkeypatch):
+def test_the_rmsnorm_peers_match_autonorms_float64_reference_on_the_cpu(monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F  # noqa: N812
 
     from autonorm.ops.rms_norm.reference import rms_norm_reference
 
-    op = peers.OPS["rms_norm"]
-    shape = peers.Shape("sweep", "fp32", 384, 16, "rms_norm")
+    op = ops.OPS["rms_norm"]
+    shape = shapes.Shape("sweep", "fp32", 384, 16, "rms_norm")
     gen = torch.Generator().manual_seed(0)
     x = 3.0 + torch.randn(16, 384, generator=gen)
     w = 1.0 + 0.1 * torch.randn(384, generator=gen)
@@ -119,18 +113,18 @@ def test_the_rmsnorm_peers_match_autonorms_float64_reference_on_the_cpu(peers, m
     compiled_form = op.compiled(F)(x, w, None, 1e-5)
     for y in (eager, compiled_form):
         err = float((y.double() - ref).norm() / ref.norm())
-        assert err < peers.TOL["fp32"], err
+        assert err < constants.TOL["fp32"], err
     # A wrong reference would be caught: LayerNorm's differs from it on rows of mean 3.
-    ln = peers.OPS["layer_norm"].reference(F, shape, x, w, torch.zeros(384), 1e-5)
+    ln = ops.OPS["layer_norm"].reference(F, shape, x, w, torch.zeros(384), 1e-5)
     assert float((ln - ref).norm() / ref.norm()) > 0.5
 
 
-def test_impls_refuse_what_the_op_has_not(peers):
+def test_impls_refuse_what_the_op_has_not():
     pytest.importorskip("torch")
-    impls = peers.Impls(["eager", "triton"], "none", "rms_norm")
+    impls = Impls(["eager", "triton"], "none", "rms_norm")
     assert impls.unavailable == {"triton": "no rms_norm implementation"}
-    shape = peers.Shape("latency", "fp32", 64, 2, "rms_norm")
-    with pytest.raises(peers.Unavailable, match="no rms_norm implementation"):
+    shape = shapes.Shape("latency", "fp32", 64, 2, "rms_norm")
+    with pytest.raises(Unavailable, match="no rms_norm implementation"):
         impls.make("triton", shape, None, None, None, 1e-5)
 
 

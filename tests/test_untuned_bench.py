@@ -17,7 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import untuned  # noqa: E402 - benchmarks/ is not a package
+# benchmarks/ is not a package: untuned.py's parts are in benchmarks/peerbench/
+from peerbench import (  # noqa: E402
+    untuned_figures,
+    untuned_modes,
+    untuned_records,
+    untuned_shapes,
+    untuned_tables,
+)
 
 SHIPPED = {768, 1024, 2048, 4096, 8192, 12288, 16384, 32768, 65536}
 HELP_WITHOUT_GPU_STACK = """
@@ -38,15 +45,15 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_shipped_hidden_sizes_are_read_from_the_shipped_db():
-    assert untuned.shipped_hidden_sizes() >= SHIPPED
+    assert untuned_shapes.shipped_hidden_sizes() >= SHIPPED
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_draw_is_a_third_odd_in_range_and_never_shipped(seed):
-    sizes = untuned.draw_hidden_sizes(seed, 9, untuned.shipped_hidden_sizes())
+    sizes = untuned_shapes.draw_hidden_sizes(seed, 9, untuned_shapes.shipped_hidden_sizes())
     assert sizes == sorted(set(sizes)) and len(sizes) == 9
     assert all(256 <= h <= 65536 for h in sizes)
-    assert not set(sizes) & untuned.shipped_hidden_sizes()
+    assert not set(sizes) & untuned_shapes.shipped_hidden_sizes()
     odd = [h for h in sizes if h % 8]
     assert len(odd) == 3
     assert len([h for h in odd if h >= 1000]) == 2  # most odd ones from 1,000 up, one below
@@ -54,20 +61,20 @@ def test_the_draw_is_a_third_odd_in_range_and_never_shipped(seed):
 
 
 def test_the_draw_is_seeded():
-    first = untuned.draw_hidden_sizes(0, 9, SHIPPED)
-    assert untuned.draw_hidden_sizes(0, 9, SHIPPED) == first
-    assert untuned.draw_hidden_sizes(1, 9, SHIPPED) != first
+    first = untuned_shapes.draw_hidden_sizes(0, 9, SHIPPED)
+    assert untuned_shapes.draw_hidden_sizes(0, 9, SHIPPED) == first
+    assert untuned_shapes.draw_hidden_sizes(1, 9, SHIPPED) != first
 
 
 def test_an_excluded_size_is_never_drawn():
-    first = untuned.draw_hidden_sizes(3, 9)
-    again = untuned.draw_hidden_sizes(3, 9, set(first))
+    first = untuned_shapes.draw_hidden_sizes(3, 9)
+    again = untuned_shapes.draw_hidden_sizes(3, 9, set(first))
     assert not set(again) & set(first)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 9, 12])
 def test_a_third_of_any_count_is_odd(count):
-    sizes = untuned.draw_hidden_sizes(7, count, SHIPPED)
+    sizes = untuned_shapes.draw_hidden_sizes(7, count, SHIPPED)
     assert len(sizes) == count
     assert len([h for h in sizes if h % 8]) == round(count / 3)
 
@@ -75,17 +82,17 @@ def test_a_third_of_any_count_is_odd(count):
 def test_a_range_with_no_room_is_refused():
     full = set(range(256, 264))
     with pytest.raises(ValueError, match="no free hidden size"):
-        untuned.draw_hidden_sizes(0, 2, full, low=256, high=263)
+        untuned_shapes.draw_hidden_sizes(0, 2, full, low=256, high=263)
 
 
 def test_bulk_shapes_hold_2_to_the_26_elements_and_come_first():
-    cases = untuned.build_cases([1000, 4567], ["bf16", "fp32"], [1, 64])
+    cases = untuned_shapes.build_cases([1000, 4567], ["bf16", "fp32"], [1, 64])
     bulk = [c for c in cases if c.kind == "bulk"]
     assert cases[: len(bulk)] == bulk and len(bulk) == 4 and len(cases) == 12
     assert {(c.hidden, c.rows) for c in bulk} == {(1000, 2**26 // 1000), (4567, 2**26 // 4567)}
     assert [c.rows for c in cases[4:]] == [1, 1, 1, 1, 64, 64, 64, 64]
     assert [c.odd for c in bulk[:2]] == [False, True]
-    small_only = untuned.build_cases([1000, 4567], ["bf16"], [1, 64], bulk=False)
+    small_only = untuned_shapes.build_cases([1000, 4567], ["bf16"], [1, 64], bulk=False)
     assert [(c.kind, c.rows) for c in small_only] == [("small", 1)] * 2 + [("small", 64)] * 2
 
 
@@ -98,10 +105,10 @@ def _record(dtype: str, hidden: int, kind: str, us: dict[str, float | str],
             offset: float | None = None) -> dict:
     """A record as the benchmark leaves it: each impl's microseconds, or a status string."""
     rows = 2**26 // hidden if kind == "bulk" else 64
-    case = untuned.Case(dtype, hidden, rows, kind)
-    rec = untuned.new_record(case)
+    case = untuned_shapes.Case(dtype, hidden, rows, kind)
+    rec = untuned_records.new_record(case)
     for name, value in us.items():
-        r = untuned.new_impl()
+        r = untuned_records.new_impl()
         if isinstance(value, str):
             r["status"] = value
         else:
@@ -113,10 +120,10 @@ def _record(dtype: str, hidden: int, kind: str, us: dict[str, float | str],
 
 
 def _summary(records: list[dict], modes: list[str]) -> dict[str, dict]:
-    untuned.set_shares(records, {(2**27, "read"): COPY_GBPS, (2**28, "read"): COPY_GBPS})
+    untuned_records.set_shares(records, {(2**27, "read"): COPY_GBPS, (2**28, "read"): COPY_GBPS})
     for rec in records:
-        untuned.derive(rec, modes)
-    return {f["figure"]: f for f in untuned.summarize(records, modes)}
+        untuned_records.derive(rec, modes)
+    return {f["figure"]: f for f in untuned_figures.summarize(records, modes)}
 
 
 MODES = ["shipped", "no-shipped", "tuned"]
@@ -163,7 +170,7 @@ def test_the_summary_figures_are_computed_from_the_records():
     tuned = figures["untuned, multiple of 8: worst speed over tuned"]
     assert tuned["value"] == pytest.approx(0.9) and tuned["met"] is True
     share = figures["untuned, odd from 1000: worst % of copy"]
-    shape = untuned.Case("bf16", 4001, 2**26 // 4001, "bulk").shape()
+    shape = untuned_shapes.Case("bf16", 4001, 2**26 // 4001, "bulk").shape()
     assert share["value"] == pytest.approx(shape.bytes / 100e-6 / 1e9 / COPY_GBPS * 100)
     assert share["n"] == 1
     odd = figures["untuned, odd from 1000: worst speed over the best peer"]
@@ -181,7 +188,7 @@ def test_a_failed_or_skipped_shape_leaves_a_figure_unmet():
     records = _runs()
     records[1]["impls"]["liger"]["status"] = "WRONG"
     records[0]["impls"]["autonorm:shipped"].update(status="error", us=None)
-    skipped = untuned.new_record(untuned.Case("bf16", 6000, 64, "small"))
+    skipped = untuned_records.new_record(untuned_shapes.Case("bf16", 6000, 64, "small"))
     skipped["status"] = "skipped"
     figures = _summary([*records, skipped], MODES)
     worst = figures["untuned, multiple of 8: worst speed over the best peer"]
@@ -200,7 +207,7 @@ def test_a_mode_left_out_leaves_its_figures_without_shapes():
 def test_the_report_has_a_table_per_dtype_and_kind_and_the_summary():
     records = _runs()
     figures = list(_summary(records, MODES).values())
-    text = untuned.format_report(records, MODES, ["bf16", "fp32"], figures)
+    text = untuned_tables.format_report(records, MODES, ["bf16", "fp32"], figures)
     assert "### bf16, rows = 2^26 / hidden: % of copy bandwidth" in text
     assert "### fp32, rows 1-256: microseconds by CUDA-graph replay" in text
     assert "### bf16, rows 1-256" not in text  # no small bf16 shape in these records
@@ -212,13 +219,13 @@ def test_the_report_has_a_table_per_dtype_and_kind_and_the_summary():
 
 
 def test_a_pick_from_the_wrong_database_is_caught():
-    assert untuned.check_mode("tuned", "user") is None
-    assert untuned.check_mode("tuned", "default") is not None
-    assert untuned.check_mode("shipped", "default") is None
-    assert untuned.check_mode("shipped", "shipped-nearest") is None
-    assert untuned.check_mode("shipped", "user-nearest") is not None
-    assert untuned.check_mode("no-shipped", "shipped-nearest") is not None
-    assert untuned.check_mode("no-shipped", "default") is None
+    assert untuned_modes.check_mode("tuned", "user") is None
+    assert untuned_modes.check_mode("tuned", "default") is not None
+    assert untuned_modes.check_mode("shipped", "default") is None
+    assert untuned_modes.check_mode("shipped", "shipped-nearest") is None
+    assert untuned_modes.check_mode("shipped", "user-nearest") is not None
+    assert untuned_modes.check_mode("no-shipped", "shipped-nearest") is not None
+    assert untuned_modes.check_mode("no-shipped", "default") is None
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -237,7 +244,7 @@ def test_plan_lists_the_shapes_without_a_gpu():
     run = _run(str(BENCHMARKS / "untuned.py"), "--plan", "--count", "3", "--dtypes", "fp16",
                "--small-rows", "1,256")
     assert run.returncode == 0, run.stderr[-2000:]
-    sizes = untuned.draw_hidden_sizes(0, 3, untuned.shipped_hidden_sizes())
+    sizes = untuned_shapes.draw_hidden_sizes(0, 3, untuned_shapes.shipped_hidden_sizes())
     assert f"hidden sizes (seed 0): {', '.join(map(str, sizes))}" in run.stdout
     lines = [line for line in run.stdout.splitlines() if line.startswith("  ")]
     assert len(lines) == 9 and sum(" odd" in line for line in lines) == 3
