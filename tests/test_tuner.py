@@ -195,7 +195,7 @@ def test_n_trials_is_honoured_and_finals_pick_the_fastest(tmp_path):
     assert rounds == 7 and len(contenders) == 3 == len(set(contenders))
     assert result.best == min(evaluator.calls, key=fake_median_us)
     assert result.timing.median_us == fake_median_us(result.best)
-    assert result.incumbent_kept is False and result.study_name == "s"
+    assert result.kept is None and result.study_name == "s"
 
 
 def test_invalid_configs_are_pruned_and_never_evaluated(tmp_path):
@@ -235,7 +235,7 @@ def test_without_finals_the_result_is_the_fastest_measured(tmp_path):
     assert evaluator.retimed == []  # no finals
     fastest = min(evaluator.calls, key=fake_median_us)
     assert fake_median_us(fastest) < max(map(fake_median_us, evaluator.calls))  # a real choice
-    assert result.best == fastest and result.incumbent_kept is False
+    assert result.best == fastest and result.kept is None
     assert result.timing.median_us == fake_median_us(fastest)
 
 
@@ -527,7 +527,7 @@ def test_finals_keep_the_incumbent_unless_clearly_beaten(tmp_path, factor, cv, k
     )
     ((contenders, rounds),) = evaluator.retimed
     assert contenders[0] == INCUMBENT and len(set(contenders)) == 4 and rounds == 5
-    assert result.incumbent_kept is kept
+    assert (result.kept == "incumbent") is kept
     if kept:
         assert result.best == INCUMBENT and result.timing.median_us == 10.0
     else:
@@ -549,7 +549,7 @@ def test_invalid_incumbent_is_not_defended(tmp_path):
     )
     ((contenders, _),) = evaluator.retimed
     assert invalid not in contenders and result.best != invalid
-    assert result.incumbent_kept is False
+    assert result.kept is None
 
 
 # --------------------------------------------------------------------------- workers

@@ -93,8 +93,7 @@ class TuneResult:
     Attributes:
         best: the finals winner (the search's best when finals are skipped), or None.
         timing: the finals timing of ``best`` (its search timing when finals are skipped).
-        incumbent_kept: True when the incumbent stayed because no challenger beat it clearly.
-        default_kept: True when, with no incumbent, the default stayed the same way.
+        kept: the defender no challenger beat clearly, ``"incumbent"`` or ``"default"``; or None.
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations in the study, by failure class.
         elapsed_s: wall-clock seconds of this call, finals included.
@@ -104,12 +103,11 @@ class TuneResult:
 
     best: Config | None
     timing: Timing | None
-    incumbent_kept: bool
+    kept: str | None
     evaluated: int
     failures: dict[str, int]
     elapsed_s: float
     study_name: str
-    default_kept: bool = False
 
 
 def _sampler_seed(seed: int, worker_index: int | None) -> int:
@@ -393,8 +391,7 @@ def tune(
         best = family.config_from_dict(summary.best.params) if summary.best else None
         timing, kept = book.timing_of(summary.best), None
     return TuneResult(
-        best=best, timing=timing,
-        incumbent_kept=kept == "incumbent", default_kept=kept == "default",
+        best=best, timing=timing, kept=kept,
         evaluated=summary.evaluated, failures=summary.failures,
         elapsed_s=time.monotonic() - started, study_name=study_name,
     )

@@ -53,9 +53,9 @@ class TunedKernel:
         timing: the winner's finals timing.
         metrics: what was stored with it (timing, rows, trials, copy bandwidth).
         kernel: :func:`autonorm.codegen.environment.kernel_digest` of its rendered source.
-        incumbent_kept: the winner stored before stayed: no challenger beat it clearly.
-        default_kept: with no winner stored before, the family's default stayed the same way
-            (and is stored as the winner).
+        kept: which defender stayed because no challenger beat it clearly: ``"incumbent"``
+            (the winner stored before), ``"default"`` (with none stored, the family's default,
+            now stored as the winner) or None.
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations of the study, by failure class.
         elapsed_s: wall-clock seconds of the call, workers and finals included.
@@ -71,13 +71,12 @@ class TunedKernel:
     timing: Timing | None
     metrics: dict[str, Any] | None
     kernel: str | None
-    incumbent_kept: bool
+    kept: str | None
     evaluated: int
     failures: dict[str, int]
     elapsed_s: float
     study: str
     db_path: Path | None
-    default_kept: bool = False
 
     @property
     def stored(self) -> bool:
@@ -85,11 +84,19 @@ class TunedKernel:
         return self.config is not None
 
     @property
+    def incumbent_kept(self) -> bool:
+        """True when the winner stored before stayed."""
+        return self.kept == "incumbent"
+
+    @property
+    def default_kept(self) -> bool:
+        """True when, with none stored before, the family's default stayed."""
+        return self.kept == "default"
+
+    @property
     def kept_note(self) -> str:
         """What the tools print after the winner's label when a defender stayed, else ''."""
-        if self.incumbent_kept:
-            return " (incumbent kept)"
-        return " (default kept)" if self.default_kept else ""
+        return f" ({self.kept} kept)" if self.kept else ""
 
 
 def incumbent_of(
@@ -322,8 +329,7 @@ def tune_and_store(
             config=result.best if kernel is not None else None,
             timing=result.timing if kernel is not None else None,
             metrics=metrics, kernel=kernel,
-            incumbent_kept=result.incumbent_kept, default_kept=result.default_kept,
-            evaluated=result.evaluated,
+            kept=result.kept, evaluated=result.evaluated,
             failures=result.failures, elapsed_s=time.monotonic() - started,
             study=study, db_path=db.path,
         )
