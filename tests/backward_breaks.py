@@ -71,7 +71,17 @@ GROUPS_BREAKS: dict[str, tuple[Edit, ...]] = {
     "drop-group": (("for (int r = 1; r < R; ++r)", "for (int r = 1; r < R - 1; ++r)"),),
 }
 
-ALL_BREAKS = {**BREAKS, **BULK_BREAKS, **LANES_BREAKS, **GROUPS_BREAKS}
+# A held bulk kernel whose column sums are formed again from the rows (acc="reread"), and what
+# breaks there: the tiles summing half the rows, or each row with its neighbour's statistics.
+REREAD_FORM = "reread"
+BROKEN_CONFIGS[REREAD_FORM] = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "reread",
+                               "blocks_per_sm": 1, "stages": 2, "hold": True}
+REREAD_BREAKS: dict[str, tuple[Edit, ...]] = {
+    "reread-half-rows": (("p < rows; p += NW", "p < (rows + 1) / 2; p += NW"),),
+    "reread-next-stats": (("__ldcg(stats + p)", "__ldcg(stats + (p + 1) % rows)"),),
+}
+
+ALL_BREAKS = {**BREAKS, **BULK_BREAKS, **LANES_BREAKS, **GROUPS_BREAKS, **REREAD_BREAKS}
 
 # Every (form, break) planted, in LayerNorm backward at fp32 hidden 4096.
 PLANTED: list[tuple[str, str]] = (
@@ -81,6 +91,8 @@ PLANTED: list[tuple[str, str]] = (
                                   "stale-stage", "one-pass-always", *GROUPS_BREAKS)]
     + [(LANES_FORM, n) for n in ("drop-mean", "one-pass-always", "second-pass-var",
                                  *LANES_BREAKS)]
+    + [(REREAD_FORM, n) for n in ("drop-mean", "no-shift-uncorrected", "one-pass-always",
+                                  "second-pass-var", *REREAD_BREAKS)]
 )
 
 

@@ -17,8 +17,8 @@ import pytest
 from test_compile_offline import nvcc_diagnostics, requires_nvcc, shipped_winners
 
 from autonorm.ops import registry
+from autonorm.ops.norm_backward.few_rows import FEW_ROWS, GROUP_ROWS, REREAD_ROWS
 from autonorm.ops.norm_backward.plan import derive_plan
-from autonorm.ops.norm_backward.space import FEW_ROWS, GROUP_ROWS
 from autonorm.runtime.limits import H200
 from autonorm.runtime.offline import compile_offline
 
@@ -98,7 +98,8 @@ def test_backward_defaults_fit_their_plans() -> None:
         for dtype in DTYPES:
             for hidden in DEFAULT_HIDDEN:
                 forms = ({}, {"residual": True})
-                for form, rows in itertools.product(forms, (None, FEW_ROWS, 2, GROUP_ROWS)):
+                for form, rows in itertools.product(
+                        forms, (None, FEW_ROWS, 2, GROUP_ROWS, REREAD_ROWS)):
                     problem = family.problem(hidden=hidden, dtype=dtype, **form)
                     kernel = family.render(family.default(problem, H200, rows), problem, H200)
                     kernels.setdefault(kernel.name, kernel)
@@ -106,6 +107,7 @@ def test_backward_defaults_fit_their_plans() -> None:
     assert any(k.config.cluster > 1 for k in kernels.values())
     assert any(k.config.hold for k in kernels.values())
     assert any(k.config.groups > 1 for k in kernels.values())
+    assert any(k.config.acc == "reread" for k in kernels.values())
     for name, kernel in kernels.items():
         report, plan = reports[name], derive_plan(kernel.config, kernel.problem)
         what = f"{kernel.problem.describe()} {kernel.config.label()}"

@@ -18,6 +18,13 @@ from autonorm.errors import ConfigError
 from autonorm.numerics import from_float64, to_float64
 from autonorm.ops import registry
 from autonorm.ops.norm_backward.config import BackwardConfig
+from autonorm.ops.norm_backward.few_rows import (
+    FEW_ROWS,
+    FEW_THREADS,
+    REREAD_MIN_ROW_BYTES,
+    REREAD_ROW_BYTES,
+    REREAD_ROWS,
+)
 from autonorm.ops.norm_backward.plan import (
     MAX_CHAIN,
     ROWS_PER_CLUSTER,
@@ -26,7 +33,7 @@ from autonorm.ops.norm_backward.plan import (
     derive_plan,
 )
 from autonorm.ops.norm_backward.problem import LayerNormBackward, RMSNormBackward
-from autonorm.ops.norm_backward.space import FEW_ROWS, FEW_THREADS, SPLIT_ABOVE
+from autonorm.ops.norm_backward.space import SPLIT_ABOVE
 from autonorm.ops.norm_backward.verify import verify
 from autonorm.runtime.limits import H200
 
@@ -294,33 +301,54 @@ def test_default_takes_the_bulk_kernel_measured_fastest(op, dtype, hidden, label
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 1024, 4096, 4099, 8192, 12288, 65536])
-def test_few_rows_take_small_blocks_over_a_cluster(op: str, dtype: str, hidden: int) -> None:
-    # Up to FEW_ROWS rows of up to SPLIT_ABOVE elements: 128 threads, one to four vectors a
-    # thread, the row over a cluster of up to four; from FEW_ROWS + 1 rows the default of any
-    # row count; every pick valid.
+def test_few_rows_take_small_blocks_or_sum_from_the_rows(op: str, dtype: str, hidden: int) -> None:
+    # At one row, and up to FEW_ROWS rows of more than REREAD_ROW_BYTES: 128 threads, one to
+    # four vectors a thread, the row over a cluster of up to four. From 2 rows (past the groups)
+    # up to REREAD_ROWS: the default of many rows summing from the rows, where it is a bulk
+    # kernel of whole rows of REREAD_MIN_ROW_BYTES or more. Past REREAD_ROWS the default of
+    # any row count; every pick valid.
     family = registry.get(op)
     problem = family.problem(hidden=hidden, dtype=dtype)
-    few = family.default(problem, H200, FEW_ROWS)
-    assert check(few, problem, H200) == []
-    assert few in family.space(problem, H200)
-    assert family.default(problem, H200, FEW_ROWS + 1) == family.default(problem, H200)
+    many = family.default(problem, H200)
+    assert family.default(problem, H200, REREAD_ROWS + 1) == many
+    reread = dataclasses.replace(many, acc="reread")
+    whole_bulk = (many.cache == "bulk" and many.cluster == 1
+                  and hidden * problem.itemsize >= REREAD_MIN_ROW_BYTES)
     vec = 16 // problem.itemsize
-    if hidden <= SPLIT_ABOVE and hidden % vec == 0 and hidden >= FEW_THREADS * vec:
-        assert (few.threads, few.vec, few.cache, few.stages) == (FEW_THREADS, vec, "bulk", 2)
-        assert few.cluster == max(c for c in (1, 2, 4) if hidden // c >= FEW_THREADS * vec)
-        assert derive_plan(few, problem).iters <= 4
-    elif hidden > SPLIT_ABOVE:
-        assert few == family.default(problem, H200)
+    small = hidden <= SPLIT_ABOVE and hidden % vec == 0 and hidden >= FEW_THREADS * vec
+    for rows in (1, 16, FEW_ROWS, FEW_ROWS + 1, REREAD_ROWS):
+        pick = family.default(problem, H200, rows)
+        assert check(pick, problem, H200) == []
+        assert pick in family.space(problem, H200)
+        keep_few = small and (rows == 1 or (
+            rows <= FEW_ROWS and hidden * problem.itemsize > REREAD_ROW_BYTES))
+        if keep_few:
+            shape = (pick.threads, pick.vec, pick.cache, pick.stages)
+            assert shape == (FEW_THREADS, vec, "bulk", 2)
+            assert pick.cluster == max(c for c in (1, 2, 4) if hidden // c >= FEW_THREADS * vec)
+            assert derive_plan(pick, problem).iters <= 4
+        elif rows > 1 and whole_bulk:
+            assert pick == reread
+        elif hidden > SPLIT_ABOVE:
+            assert pick == many
 
 
 def test_few_rows_default_is_the_form_measured_fastest() -> None:
-    # LayerNorm bf16 4096 at 1 and 64 rows: 3.3 and 9.0 us against the bulk default's 4.7 and
-    # 12.1 (H200, CUDA-graph replay, docs/backward.md); from 2 to 8 rows, groups of it.
+    # LayerNorm bf16 4096 at 1 row: 3.3 us against the bulk default's 4.7; from 2 to 8 rows,
+    # groups of it; at 64 and 256 rows the bulk default summing from the rows, 5.7 and 8.6 us
+    # against the few-row form's 8.3 and the bulk default's 14.5 (H200, CUDA-graph replay,
+    # docs/backward.md).
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="bfloat16")
-    for rows in (1, 9, 64):
-        assert family.default(problem, H200, rows).label() == "t128v8-bulk-accregisters-p1-s2-c4"
-    assert family.default(problem, H200, 256).label() == "t256v8-bulk-accregisters-p1-s4-h-l"
+    assert family.default(problem, H200, 1).label() == "t128v8-bulk-accregisters-p1-s2-c4"
+    assert family.default(problem, H200, 8).groups > 1
+    for rows in (9, 64, 256):
+        assert family.default(problem, H200, rows).label() == "t256v8-bulk-accreread-p1-s4-h-l"
+    assert family.default(problem, H200, 257).label() == "t256v8-bulk-accregisters-p1-s4-h-l"
+    # fp32 8192 (32 KB rows) keeps the few-row form at 64 rows: 6.8 us against 8.9 (RMSNorm).
+    fp32 = family.problem(hidden=8192, dtype="float32")
+    assert family.default(fp32, H200, 64).label() == "t128v4-bulk-accregisters-p1-s2-c4"
+    assert family.default(fp32, H200, 128).acc == "reread"
     assert family.default(problem, A100, 8).cache != "bulk"
 
 
@@ -449,6 +477,8 @@ def test_partials_hold_one_row_of_sums_a_cluster_with_a_row() -> None:
     assert RMSNormBackward(100).partial_floats(2, 3) == 2 * 100
     # No sums: a one-element buffer, so a launch always has a valid pointer.
     assert LayerNormBackward(100, has_weight=False, has_bias=False).partial_floats(3, 3) == 1
+    # Or four statistics a row for sums formed from the rows, where that is more.
+    assert LayerNormBackward(1).partial_floats(5, 3) == 4 * 5
 
 
 def test_hold_rules_label_and_plan() -> None:
@@ -563,20 +593,23 @@ def test_lanes_is_a_knob_of_two_warps_or_more() -> None:
     # Sums in registers behind bulk stages meet lane by lane (x1.01-1.14 over the thread-by-
     # thread sums, H200, docs/backward.md); sums in shared memory (a held 16-bit 65536 kernel
     # without a bias lost 8%) and the few-row forms (1-2%) keep the thread-by-thread sums, and
-    # so do kernels without bulk copy, where lanes were not timed.
+    # so do kernels without bulk copy, where lanes were not timed. Sums formed from the rows
+    # keep the lanes of the kernel they come from.
     ("layer_norm_backward", "bfloat16", 4096, None, True),
     ("layer_norm_backward", "float32", 65536, None, True),
     ("rms_norm_backward", "float32", 8192, None, True),
     ("layer_norm_backward", "float32", 16384, None, False),
     ("layer_norm_backward", "bfloat16", 4096, 8, False),
-    ("layer_norm_backward", "bfloat16", 4096, 64, False),
+    ("layer_norm_backward", "bfloat16", 1024, 1, False),
+    ("layer_norm_backward", "bfloat16", 4096, 64, True),
 ])
 def test_default_meets_sums_in_registers_lane_by_lane(op, dtype, hidden, rows, lanes) -> None:  # noqa: ANN001
     family = registry.get(op)
     problem = family.problem(hidden=hidden, dtype=dtype)
     default = family.default(problem, H200, rows)
     assert default.lanes is lanes
-    assert default.lanes == (default.acc == "registers" and rows is None)
+    if rows is None:
+        assert default.lanes == (default.acc == "registers")
     assert not family.default(problem, A100, rows).lanes
 
 

@@ -22,7 +22,7 @@ import pytest
 from backward_breaks import BROKEN_CONFIGS, NO_SHIFT, PLANTED, plant
 
 from autonorm.ops import registry
-from autonorm.ops.norm_backward.space import FEW_ROWS, GROUP_ROWS
+from autonorm.ops.norm_backward.few_rows import FEW_ROWS, GROUP_ROWS
 from autonorm.ops.norm_backward.verify import verify
 
 pytestmark = pytest.mark.gpu

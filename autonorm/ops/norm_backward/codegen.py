@@ -34,6 +34,8 @@ LATE_FIELDS = ("hold", "groups", "lanes")
 
 # Columns of one tile of the final column sums (4 a lane of one warp; the template's 128).
 COLUMN_TILE = 128
+# Columns of a tile of sums formed again from the rows (acc="reread"): one a lane.
+REREAD_TILE = 32
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,15 +77,18 @@ def render(
     plan = require_valid(config, problem, device or H200)
     name = kernel_name(config, problem)
     source = environment(TEMPLATE_DIR).get_template(TEMPLATE).render(**_context(plan, name))
+    # Sums formed again from the rows take every row a cluster and tiles of a column a lane.
+    reread = config.acc == "reread"
     launch = LaunchPlan(
         threads=config.threads,
         smem_bytes=plan.smem_bytes,
         cluster=config.cluster * config.groups,
-        rows_per_block=ROWS_PER_CLUSTER if problem.sums else 1,
+        rows_per_block=ROWS_PER_CLUSTER if problem.sums and not reread else 1,
         blocks_per_sm=config.blocks_per_sm,
         resident=True,
         barrier=problem.sums > 0,
-        reduce_tiles=problem.sums * -(-problem.hidden // COLUMN_TILE),
+        reduce_tiles=(-(-problem.hidden // REREAD_TILE) if reread
+                      else problem.sums * -(-problem.hidden // COLUMN_TILE)),
         spread_rows=SPREAD_ROWS if problem.sums else 0,
         single=config.groups > 1,
     )

@@ -19,8 +19,11 @@ VECS = (1, 2, 4, 8)
 CACHES: tuple[str, ...] = ("registers", "none", "bulk")
 
 # Where a block keeps its running column sums of dy * xhat (and dy): registers, shared memory,
-# or its own row of the fp32 partials in global memory (L2), for rows too long for the others.
-ACCS: tuple[str, ...] = ("registers", "smem", "global")
+# or its own row of the fp32 partials in global memory (L2), for rows too long for the others;
+# or nowhere ("reread"): each row writes its statistics, and after the grid barrier the column
+# sums form dy * xhat again from the rows, read back from L2 where they still are. That spares
+# the partial rows, which at few rows cost more bytes than the rows themselves.
+ACCS: tuple[str, ...] = ("registers", "smem", "global", "reread")
 
 # Blocks per SM of the resident grid: its size, and so the number of partial rows.
 BLOCKS_PER_SM = (1, 2, 3, 4, 6, 8)

@@ -253,8 +253,9 @@ def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> l
                            f"{MAX_CLUSTER_BLOCKS} blocks")
         if not problem.sums:
             reasons.append("groups meet their column sums: there are none to meet")
-        if config.acc == "global":
-            reasons.append("groups meet sums held in registers or shared memory, not acc='global'")
+        if config.acc in ("global", "reread"):
+            reasons.append("groups meet sums held in registers or shared memory, not "
+                           f"acc={config.acc!r}")
         if config.blocks_per_sm != 1:
             # A kernel of groups launches one cluster: occupancy sizes no grid.
             reasons.append("groups launch one cluster: blocks_per_sm must be 1")

@@ -48,10 +48,12 @@ class BackwardProblem(RowProblem):
         """Return the fp32 elements of the partials buffer of a launch.
 
         One row of column sums for each of the launch's ``clusters`` clusters (blocks without
-        a cluster) that takes one of the ``rows`` rows; at least one element, so the buffer
-        always exists.
+        a cluster) that takes one of the ``rows`` rows, or four statistics a row where the
+        column sums are formed again from the rows (``acc="reread"``), whichever is more; at
+        least one element, so the buffer always exists.
         """
-        return max(1, min(rows, clusters) * self.sums * self.hidden)
+        stats = 4 * rows if self.sums else 0
+        return max(1, min(rows, clusters) * self.sums * self.hidden, stats)
 
     def gradients(self, x: Any, dy: Any, weight: Any | None, eps: float) -> dict[str, Any]:
         """Return the float64 gradients by name (``dx``, ``dweight``, ``dbias``, when they exist).

@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterator
 
 from autonorm.errors import ConfigError
-from autonorm.ops.base import rows_bucket
 from autonorm.ops.norm_backward.config import (
     ACCS,
     BLOCKS_PER_SM,
@@ -26,11 +25,12 @@ from autonorm.ops.norm_backward.config import (
     VECS,
 )
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
+from autonorm.ops.norm_backward.few_rows import few_rows_default
 from autonorm.ops.norm_backward.plan import MAX_ITERS, check, derive_plan, register_cap
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
 # The default's preferences: rows held in registers, then sums in registers, shared memory, L2.
-_ACC_RANK = {"registers": 0, "smem": 1, "global": 2}
+_ACC_RANK = {"registers": 0, "smem": 1, "global": 2, "reread": 3}
 
 # Threads per SM the default aims at: enough warps in flight to cover the loads' latency.
 TARGET_THREADS_PER_SM = 1024
@@ -57,28 +57,6 @@ TARGET_SHARE = 4096
 # a bias) the cluster's 512-thread bulk kernel, held, with its sums in registers ran x1.19 (bf16)
 # and x1.33 (fp16) over it (H200, docs/backward.md); 20-24 are untimed and keep the form.
 SPLIT_SMEM_MAX_ELEMS = 24
-
-# At up to FEW_ROWS rows a backward is a launch, a few row reductions and the column sums
-# meeting: its time is latency, and a block of FEW_THREADS threads with one to four vectors of
-# a row each, the row split over a cluster of up to FEW_CLUSTER blocks, finished first. At
-# hidden 4096 (H200, rows 1-64, both norms, bf16 and fp32, docs/backward.md) it took 2.3-9.0 us
-# where the bulk default took 3.1-12.3 (x1.19-1.69); at 256 rows it did not win (x0.91-1.00).
-FEW_ROWS = 64
-FEW_THREADS = 128
-FEW_CLUSTER = 4
-
-# At 2 to GROUP_ROWS rows (a rows bucket) one cluster of groups takes every row: each group of
-# blocks at most GROUP_ROWS_PER_BLOCK rows of at most GROUP_BLOCK_BYTES of x in all, the groups'
-# sums meeting in distributed shared memory instead of at a grid barrier. Against the few-row
-# form (or the default where there is none) in the same run (H200, CUDA-graph replay,
-# docs/backward.md): bf16 LayerNorm 4096 at 2 rows 3.4 us against 5.8, at 8 rows 4.9 against
-# 6.0; 1024 at 8 rows, a block a row, 3.0 against 5.1; fp32 LayerNorm 4096 at 2 rows 3.3
-# against 4.9, RMSNorm 4096 at 8 rows 3.5 against 4.4. Four rows a block lost (LayerNorm bf16
-# 4096 at 32 rows: 11.3 against 7.0), and so did two of 16 KB each (RMSNorm fp32 8192 at 8 rows:
-# 5.6 against 4.7).
-GROUP_ROWS = 8
-GROUP_ROWS_PER_BLOCK = 2
-GROUP_BLOCK_BYTES = 16 * 1024
 
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
@@ -107,7 +85,7 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
     :func:`check` refuses whatever their other fields (a vector that does not divide the row, a
     bulk kernel without 16-byte vectors, a cluster that cannot split the row, groups past the
     cluster limit or where they meet nothing) are skipped before their configurations are built:
-    the space of a problem has about 104,000 candidates.
+    the space of a 16-bit problem has about 10,600 candidates.
     """
     bulk_runs = device.cc >= 90  # type: ignore[attr-defined]
     for threads, vec in itertools.product(THREADS, VECS):
@@ -133,7 +111,7 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
                 if problem.hidden % (vec * cluster):
                     continue
                 if group > 1 and (cluster * group > MAX_CLUSTER_BLOCKS or not problem.sums
-                                  or acc == "global" or blocks != 1):
+                                  or acc in ("global", "reread") or blocks != 1):
                     continue
                 yield Config(threads, vec, cache, acc, blocks, prefetch, stage, cluster, hold,
                              group, lane)
@@ -237,76 +215,6 @@ def _split_form(
     return held if not check(held, problem, device) else pick
 
 
-def _few_rows_form(
-    problem: BackwardProblem, device: object, threads: int = FEW_THREADS
-) -> Config | None:
-    """The default at up to :data:`FEW_ROWS` rows of at most :data:`SPLIT_ABOVE` elements.
-
-    A bulk-copy kernel of ``threads`` threads (:data:`FEW_THREADS`), 16-byte vectors, two
-    stages, its sums in registers (else shared memory), the row split over the largest cluster
-    of up to :data:`FEW_CLUSTER` blocks that leaves every thread a vector; None where none of
-    these runs (before Hopper, or rows of odd sizes).
-    """
-    if problem.hidden > SPLIT_ABOVE:
-        return None
-    vec = 16 // problem.itemsize
-    clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER and problem.hidden // c >= threads * vec]
-    for cluster in sorted(clusters, reverse=True):
-        for acc in ("registers", "smem"):
-            form = Config(threads, vec, "bulk", acc, 1, stages=2, cluster=cluster)
-            if not check(form, problem, device):
-                return form
-    return None
-
-
-def _group_base(problem: BackwardProblem, device: object, few: Config | None) -> Config | None:
-    """Return the kernel whose blocks and stages the groups take, or None.
-
-    The few-row form; where rows are too short for its block (under :data:`FEW_THREADS`
-    vectors), the few-row form of the most threads, at least a warp, that give each a vector of
-    the row. None for rows past :data:`SPLIT_ABOVE` elements and where no bulk-copy kernel runs
-    (odd sizes, before Hopper).
-    """
-    if few is not None:
-        return few
-    vec = 16 // problem.itemsize
-    threads = [t for t in THREADS if 32 <= t <= min(FEW_THREADS, problem.hidden // vec)]
-    return _few_rows_form(problem, device, max(threads)) if threads else None
-
-
-def _groups_form(
-    problem: BackwardProblem, device: object, rows: int, few: Config | None
-) -> Config | None:
-    """The default at 2 to :data:`GROUP_ROWS` rows, or None where none applies.
-
-    The blocks and stages of :func:`_group_base` as one cluster of groups, sums in registers:
-    the most groups up to the rows' bucket, each a cluster of the base's blocks (fewer where
-    the groups' blocks would pass :data:`MAX_CLUSTER_BLOCKS`), that leave each block at most
-    :data:`GROUP_ROWS_PER_BLOCK` rows and :data:`GROUP_BLOCK_BYTES` of x. None where no such
-    kernel fits.
-
-    Args:
-        problem: the problem.
-        device: its device's limits.
-        rows: the rows of the launch (their bucket decides).
-        few: :func:`_few_rows_form` of the problem.
-    """
-    bucket = rows_bucket(rows)
-    base = _group_base(problem, device, few) if 2 <= bucket <= GROUP_ROWS else None
-    if base is None:
-        return None
-    for groups in sorted((g for g in GROUPS if 2 <= g <= bucket), reverse=True):
-        cluster = min(base.cluster, MAX_CLUSTER_BLOCKS // groups)
-        per_block = -(-bucket // groups)
-        if (per_block > GROUP_ROWS_PER_BLOCK
-                or per_block * problem.hidden // cluster * problem.itemsize > GROUP_BLOCK_BYTES):
-            continue
-        form = dataclasses.replace(base, acc="registers", cluster=cluster, groups=groups)
-        if not check(form, problem, device):
-            return form
-    return None
-
-
 def _lane_form(config: Config, problem: BackwardProblem, device: object) -> Config:
     """``config`` with sums that meet lane by lane where it is a bulk kernel summing in registers.
 
@@ -324,35 +232,33 @@ def _lane_form(config: Config, problem: BackwardProblem, device: object) -> Conf
 def default_config(problem: BackwardProblem, device: object, rows: int | None = None) -> Config:
     """Return the untuned default.
 
-    At 2 to :data:`GROUP_ROWS` rows (where ``rows`` is given), :func:`_groups_form` where it
-    runs; at up to :data:`FEW_ROWS` rows, :func:`_few_rows_form` where it runs. On Hopper and
-    newer: rows past :data:`SPLIT_ABOVE` elements split over a cluster (:func:`_split_form`);
-    else the best bulk-copy kernel that takes whole rows (by
-    :func:`_bulk_score`) where one fits with its sums out of L2, for 16-bit LayerNorm in its
-    held form where that fits (:func:`_held_twin`); else the space's best by :func:`_score`
-    (prefetching where its registers allow), unless that keeps its sums in L2 and a cluster's
-    bulk kernel can keep them in registers or shared memory. A bulk pick summing in registers
-    meets its row sums lane by lane (:func:`_lane_form`).
+    Where ``rows`` is given and few, the few-row default where one applies
+    (:func:`.few_rows.few_rows_default`). On Hopper and newer: rows past :data:`SPLIT_ABOVE`
+    elements split over a cluster (:func:`_split_form`); else the best bulk-copy kernel that
+    takes whole rows (by :func:`_bulk_score`) where one fits with its sums out of L2, for
+    16-bit LayerNorm in its held form where that fits (:func:`_held_twin`); else the space's
+    best by :func:`_score` (prefetching where its registers allow), unless that keeps its sums
+    in L2 and a cluster's bulk kernel can keep them in registers or shared memory. A bulk pick
+    summing in registers meets its row sums lane by lane (:func:`_lane_form`).
 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
     """
     # The few-row forms are checked as they are built: the space is not needed for them.
-    if rows is not None and rows <= FEW_ROWS:
-        few = _few_rows_form(problem, device)
-        grouped = _groups_form(problem, device, rows, few)
-        if grouped is not None:
-            return grouped
+    if rows is not None:
+        few = few_rows_default(problem, device, rows, lambda: default_config(problem, device))
         if few is not None:
             return few
     space = enumerate_space(problem, device)
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
-    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates. A
-    # held row enters only through _split_form and _held_twin, where it was measured.
+    # shared memory ran 39-60%: only bulk kernels with their sums elsewhere are candidates (and
+    # not those that form them again from the rows, which many rows would read twice). A held
+    # row enters only through _split_form and _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
-              if c.cache == "bulk" and c.acc != "global" and not c.hold and not c.lanes}
+              if c.cache == "bulk" and c.acc in ("registers", "smem") and not c.hold
+              and not c.lanes}
     split = _split_form(problem, device, scores)
     if split is not None:
         return _lane_form(split, problem, device)
