@@ -610,6 +610,10 @@ def test_default_meets_sums_in_registers_lane_by_lane(op, dtype, hidden, rows, l
     assert default.lanes is lanes
     if rows is None:
         assert default.lanes == (default.acc == "registers")
+    else:
+        # At few rows only the sums formed from the rows take lanes: from the many-rows pick.
+        many = family.default(problem, H200)
+        assert default.lanes == (default.acc == "reread" and many.lanes)
     assert not family.default(problem, A100, rows).lanes
 
 
