@@ -15,13 +15,8 @@ from collections.abc import Callable
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.norm_backward.config import CLUSTERS, GROUPS, MAX_CLUSTER_BLOCKS, THREADS
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
-from autonorm.ops.norm_backward.plan import check
+from autonorm.ops.norm_backward.plan import SPLIT_ABOVE, check
 from autonorm.ops.norm_backward.problem import BackwardProblem
-
-# The few-row forms take rows of up to FEW_MAX_HIDDEN elements, whole or over a cluster of up to
-# FEW_CLUSTER blocks; longer rows keep the split default of any row count, which the few-row
-# form was not timed against.
-FEW_MAX_HIDDEN = 8192
 
 # At up to FEW_ROWS rows a backward is a launch, a few row reductions and the column sums
 # meeting: its time is latency, and a block of FEW_THREADS threads with one to four vectors of
@@ -63,14 +58,14 @@ REREAD_MIN_ROW_BYTES = 2 * 1024
 def _few_rows_form(
     problem: BackwardProblem, device: object, threads: int = FEW_THREADS
 ) -> Config | None:
-    """The default at up to :data:`FEW_ROWS` rows of at most :data:`FEW_MAX_HIDDEN` elements.
+    """The default at up to :data:`FEW_ROWS` rows of at most :data:`SPLIT_ABOVE` elements.
 
     A bulk-copy kernel of ``threads`` threads (:data:`FEW_THREADS`), 16-byte vectors, two
     stages, its sums in registers (else shared memory), the row split over the largest cluster
     of up to :data:`FEW_CLUSTER` blocks that leaves every thread a vector; None where none of
     these runs (before Hopper, or rows of odd sizes).
     """
-    if problem.hidden > FEW_MAX_HIDDEN:
+    if problem.hidden > SPLIT_ABOVE:
         return None
     vec = 16 // problem.itemsize
     clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER and problem.hidden // c >= threads * vec]
@@ -87,7 +82,7 @@ def _group_base(problem: BackwardProblem, device: object, few: Config | None) ->
 
     The few-row form; where rows are too short for its block (under :data:`FEW_THREADS`
     vectors), the few-row form of the most threads, at least a warp, that give each a vector of
-    the row. None for rows past :data:`FEW_MAX_HIDDEN` elements and where no bulk-copy kernel runs
+    the row. None for rows past :data:`SPLIT_ABOVE` elements and where no bulk-copy kernel runs
     (odd sizes, before Hopper).
     """
     if few is not None:
@@ -163,9 +158,8 @@ def few_rows_default(
     grouped = _groups_form(problem, device, rows, few)
     if grouped is not None:
         return grouped
-    keep_few = few is not None and (
-        bucket == 1 or problem.hidden * problem.itemsize > REREAD_ROW_BYTES)
-    if not keep_few and bucket > 1:
+    long_rows = problem.hidden * problem.itemsize > REREAD_ROW_BYTES
+    if bucket > 1 and (few is None or not long_rows):
         reread = _reread_form(many_rows(), problem, device)
         if reread is not None:
             return reread

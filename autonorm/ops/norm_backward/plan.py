@@ -53,6 +53,13 @@ BASE_REGS = 64
 SPREAD_ROWS = 16
 ROWS_PER_CLUSTER = 4
 
+# The defaults split rows past SPLIT_ABOVE elements over a cluster of blocks (space.py) and
+# keep shorter ones whole, at any row count. With the cluster's one-way exchange, the split was
+# the fastest or within 2 points of copy of it at every shape timed from 12288 to 32768 (both
+# norms, bf16 and fp32), and whole rows kept the lead at 8192 (77.0% of copy against 70.8% for
+# a cluster of two, LayerNorm bf16; H200, docs/backward.md).
+SPLIT_ABOVE = 8192
+
 # Static shared memory: two reduction buffers of 32 warps x TOTALS floats, and the
 # column tile of the final sums (128 floats a warp).
 TILE_BYTES_PER_WARP = 128 * 4

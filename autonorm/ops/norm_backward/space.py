@@ -26,7 +26,13 @@ from autonorm.ops.norm_backward.config import (
 )
 from autonorm.ops.norm_backward.config import BackwardConfig as Config
 from autonorm.ops.norm_backward.few_rows import few_rows_default
-from autonorm.ops.norm_backward.plan import MAX_ITERS, check, derive_plan, register_cap
+from autonorm.ops.norm_backward.plan import (
+    MAX_ITERS,
+    SPLIT_ABOVE,
+    check,
+    derive_plan,
+    register_cap,
+)
 from autonorm.ops.norm_backward.problem import BackwardProblem
 
 # The default's preferences: rows held in registers, then sums in registers, shared memory, L2.
@@ -45,12 +51,8 @@ DEFAULT_REG_HEADROOM = 1.25
 TARGET_STAGED_BYTES = 64 * 1024
 TARGET_BULK_THREADS = 512
 
-# Rows past SPLIT_ABOVE elements split over a cluster of blocks, each taking at most
-# TARGET_SHARE elements of the row. With the cluster's one-way exchange, that cluster was the
-# fastest or within 2 points of copy of it at every shape timed from 12288 to 32768 (both norms,
-# bf16 and fp32), and whole rows kept the lead at 8192 (77.0% of copy against 70.8% for a
-# cluster of two, LayerNorm bf16; H200, docs/backward.md).
-SPLIT_ABOVE = 8192
+# Rows past SPLIT_ABOVE elements (plan.py) split over a cluster of blocks, each taking at most
+# TARGET_SHARE elements of the row.
 TARGET_SHARE = 4096
 # The split form with its sums in shared memory holds at most this many elements a thread: at
 # 16 (LayerNorm fp32 16384 and 32768) it was the fastest, at 32 (16-bit LayerNorm 65536 without
@@ -244,7 +246,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     Raises:
         autonorm.errors.ConfigError: no configuration can run the problem.
     """
-    # The few-row forms are checked as they are built: the space is not needed for them.
+    # The few-row forms are checked as they are built; only the sums formed from the rows ask
+    # for the default of many rows (and so the space).
     if rows is not None:
         few = few_rows_default(problem, device, rows, lambda: default_config(problem, device))
         if few is not None:
