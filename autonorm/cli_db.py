@@ -176,10 +176,9 @@ def _describe(winner: Any) -> str:
 def _print_findings(findings: list[Any], title: str) -> None:
     """Print ``db check``'s table: one winner a line, with its status and why."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    from autonorm.cli_show import config_label, other_fields
+    from autonorm.cli_show import config_label, other_fields, print_whole
 
     table = Table(title=f"autonorm db check ({title})", box=box.SIMPLE_HEAD)
     for col in ("GPU", "op", "dtype", "hidden", "with", "rows<=", "config", "status", "why"):
@@ -195,11 +194,7 @@ def _print_findings(findings: list[Any], title: str) -> None:
                      other_fields(w.key.fields), str(w.key.rows_bucket),
                      config_label(w.key.op, w.config)]
         table.add_row(*cells, finding.judgement.status, finding.judgement.detail)
-    console = Console()
-    if not console.is_terminal:
-        # Piped or redirected: whole rows, each reason on its line, for grep.
-        console = Console(width=max(console.width, 240))
-    console.print(table)
+    print_whole(table)
 
 
 def _gpu_verifier(*, others_pass: bool) -> Any:
