@@ -29,3 +29,13 @@ def test_the_shipped_data_is_package_data(name: str) -> None:
     assert "autonorm.tuning_db" in SETUPTOOLS["packages"]
     patterns = SETUPTOOLS["package-data"]["autonorm.tuning_db"]
     assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+
+def test_every_template_is_package_data() -> None:
+    templates = list((ROOT / "autonorm").rglob("*.j2"))
+    assert len(templates) >= 9
+    for path in templates:
+        package = ".".join(path.parent.relative_to(ROOT).parts)
+        assert package in SETUPTOOLS["packages"], path
+        patterns = SETUPTOOLS["package-data"].get(package, []) + SETUPTOOLS["package-data"]["*"]
+        assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path
