@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 from autonorm.errors import CompileError, ConfigError, LaunchError
@@ -74,6 +74,10 @@ class GpuEvaluator:
         pool: compiles candidates ahead of their turn (:meth:`prepare`); None compiles here.
         samples: timed batches per back-to-back timing.
         seed: seed of the family's random inputs.
+        render: how a candidate becomes a :class:`~autonorm.codegen.kernel.RenderedKernel`
+            (default: the family's render of the configuration for this GPU). Candidates are
+            then any hashable keys: ``benchmarks/template_ab.py`` times the sources other
+            checkouts render for the same configuration, each under a key of its own.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class GpuEvaluator:
         pool: compiler.CompilePool | None = None,
         samples: int = 25,
         seed: int = 0,
+        render: Callable[[Hashable], Any] | None = None,
     ) -> None:
         from autonorm.runtime.device import query_device
 
@@ -104,12 +109,16 @@ class GpuEvaluator:
         self.n_sets = self.workload.n_sets
         self._kernels: dict[Config, Any] = {}
         self._rendered: dict[Config, Any] = {}
+        self._render_candidate = render or self._render_config
+
+    def _render_config(self, config: Config) -> Any:
+        return self.family.render(config, self.problem, self.limits)
 
     def _render(self, config: Config) -> Any:
         # prepare() and _compile() both need it: render each candidate once.
         rendered = self._rendered.get(config)
         if rendered is None:
-            rendered = self.family.render(config, self.problem, self.limits)
+            rendered = self._render_candidate(config)
             self._rendered[config] = rendered
         return rendered
 
