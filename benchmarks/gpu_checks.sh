@@ -23,7 +23,13 @@ suites:
   buckets             tune the LLM buckets (4,096 rows at hidden 4096 and 8192) and the latency
                       buckets (rows 1, 8, 64, 512 at hidden 16384) into $OUT/shipped.db
   ship                grid and buckets from an empty $OUT/shipped.db (~6 minutes on an H200):
-                      the file to copy to autonorm/tuning_db/autonorm.db
+                      LayerNorm's 45 shipped winners alone (the rest of the shipped database
+                      comes from models and the commands of docs/tuning.md)
+  models [OPS]        the shapes of autonorm/tuning_db/models.json (decode and prefill buckets,
+                      bf16, fp16, fp32) of OPS (default layer_norm,rms_norm,add_rms_norm), one
+                      shard a local GPU in parallel, into a copy of the shipped database
+                      ($OUT/work.db, kept: re-run to resume), then $OUT/autonorm.db, the file
+                      to copy to autonorm/tuning_db/autonorm.db
   search DTYPE:H,H..  60 trials at the chosen shapes against the winners of a copy of
                       autonorm/tuning_db/autonorm.db ($OUT/shipped.db); a stored winner stays
                       unless a challenger beats it by more than the noise in the finals
@@ -41,7 +47,7 @@ EOF
 suite=${1:-all}
 case $suite in
   -h|--help|help) usage; exit 0 ;;
-  all|tests|tune|grid|buckets|ship|search|peers|ncu) ;;
+  all|tests|tune|grid|buckets|ship|models|search|peers|ncu) ;;
   *) echo "unknown suite: $suite" >&2; usage >&2; exit 2 ;;
 esac
 [[ $# -gt 0 ]] && shift
@@ -111,6 +117,37 @@ if [[ $suite == buckets || $suite == ship ]]; then
 fi
 if [[ $suite == ship ]]; then
   echo "wrote $SHIPPED: copy it to autonorm/tuning_db/autonorm.db"
+fi
+
+if [[ $suite == models ]]; then
+  ops=${1:-layer_norm,rms_norm,add_rms_norm}
+  gpus=$(python3 -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())")
+  [[ -f $OUT/work.db ]] || cp autonorm/tuning_db/autonorm.db "$OUT/work.db"
+  for ((k = 0; k < gpus; k++)); do
+    # A shard starts from the merged winners, so it skips what any shard stored before.
+    [[ -f $OUT/shard$k.db ]] || cp "$OUT/work.db" "$OUT/shard$k.db"
+    CUDA_VISIBLE_DEVICES=$k timeout 570 python3 benchmarks/tune_grid.py \
+      --models autonorm/tuning_db/models.json --ops "$ops" --shard "$k/$gpus" \
+      --db "$OUT/shard$k.db" --trials 16 --timeout 4 --skip-stored --budget-s 500 \
+      > "$OUT/models$k.log" 2>&1 &
+  done
+  wait
+  for ((k = 0; k < gpus; k++)); do
+    grep -v "skipped$" "$OUT/models$k.log" | tail -3
+    AUTONORM_DB=$OUT/work.db python3 -m autonorm db import "$OUT/shard$k.db" 2>&1 | tail -1
+  done
+  python3 - "$OUT/work.db" "$OUT/autonorm.db" <<'PY'
+import sys
+from pathlib import Path
+
+from autonorm.store.db import TuningDB
+from autonorm.store.snapshot import write_snapshot
+
+with TuningDB(Path(sys.argv[1])) as store:
+    count = len(store.winners())
+    print(f"wrote {write_snapshot(store, Path(sys.argv[2]))}: {count} winners; copy it to "
+          "autonorm/tuning_db/autonorm.db")
+PY
 fi
 
 if [[ $suite == search ]]; then

@@ -20,8 +20,10 @@ ops) at a decode and a prefill row count instead;
 ``--rows grid,64,4096`` tunes the benchmark row count and those buckets together;
 ``--skip-stored`` passes over shapes the database already has a usable winner for,
 ``--budget-s`` stops between shapes before one could run past a time limit,
-``--snapshot`` writes the standalone file that ships, and ``--plan`` lists the shapes without
-a GPU (docs/tuning.md, "Shipping the shapes of widely used models").
+``--snapshot`` writes the standalone file that ships, ``--shard K/N`` tunes every N-th shape
+from the K-th (N processes, one a GPU, each into a database of its own, merged afterwards with
+``autonorm db import``: ``benchmarks/gpu_checks.sh models``), and ``--plan`` lists the shapes
+without a GPU (docs/tuning.md, "Shipping the shapes of widely used models").
 """
 
 from __future__ import annotations
@@ -93,6 +95,20 @@ def _op_list(text: str, parser: argparse.ArgumentParser) -> list[str]:
     return ops
 
 
+def _shard(text: str | None, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """Parse ``--shard K/N`` into (K, N); (0, 1), the whole grid, without it."""
+    if text is None:
+        return 0, 1
+    k, sep, n = text.partition("/")
+    try:
+        shard = (int(k), int(n))
+    except ValueError:
+        shard = (-1, 0)
+    if not sep or not 0 <= shard[0] < shard[1]:
+        parser.error(f"--shard: expected K/N with 0 <= K < N, got {text!r}")
+    return shard
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
@@ -153,9 +169,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seconds (the longest shape so far taken as its length): the shapes "
                         "left are listed and a re-run with --skip-stored resumes; a limit "
                         "that ends the command cleanly, where `timeout` would cut a shape off")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="tune only the K-th of every N shapes of the grid (K from 0): N "
+                        "processes, one a GPU, each into its own --db, share a grid")
     parser.add_argument("--plan", action="store_true",
                         help="list the shapes in tuning order and exit (no GPU needed)")
     args = parser.parse_args(argv)
+    args.shard_of = _shard(args.shard, parser)
     if args.trials < 1 or args.timeout <= 0 or args.elements < 1:
         parser.error("--trials and --elements must be >= 1 and --timeout > 0")
     if args.budget_s is not None and not args.budget_s > 0:
@@ -188,7 +208,9 @@ def grid(args: argparse.Namespace) -> list[Shape]:
     """Return the shapes of the grid in tuning order: by op, dtype, hidden size, then rows.
 
     A row count whose power-of-two bucket the shape already has is left out: one tuning key,
-    one winner (the first row count of a bucket is the one timed).
+    one winner (the first row count of a bucket is the one timed). With ``--shard K/N`` only
+    every N-th shape from the K-th: the shards of a grid are disjoint, cover it, and differ
+    by one shape at most, each a mix of ops, dtypes and sizes.
     """
     shapes: list[Shape] = []
     keys: set[tuple[str, str, int, int]] = set()
@@ -203,7 +225,8 @@ def grid(args: argparse.Namespace) -> list[Shape]:
                     if key not in keys:
                         keys.add(key)
                         shapes.append(Shape(op, dtype, hidden, rows))
-    return shapes
+    k, n = args.shard_of
+    return shapes[k::n]
 
 
 def plan(args: argparse.Namespace) -> str:

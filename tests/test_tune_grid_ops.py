@@ -252,3 +252,44 @@ def test_a_budget_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         tune_grid.parse_args(["--budget-s", "0"])
     assert "--budget-s must be a number of seconds > 0, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_shards_split_a_grid_evenly_and_cover_it(n):
+    argv = ["--models", str(MODELS), "--ops", "layer_norm,rms_norm,add_rms_norm"]
+    whole = shapes_of(argv)
+    shards = [shapes_of([*argv, "--shard", f"{k}/{n}"]) for k in range(n)]
+    assert sorted(s for shard in shards for s in shard) == sorted(whole)
+    assert len({s for shard in shards for s in shard}) == len(whole)
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    if n > 1:
+        assert all(len({s.op for s in shard}) == 3 for shard in shards)
+
+
+@pytest.mark.parametrize("shard", ["1", "2/2", "-1/4", "a/b", "0/0", "1/2/3"])
+def test_a_bad_shard_ends_in_one_line_naming_the_flag(shard, capsys):
+    with pytest.raises(SystemExit):
+        tune_grid.parse_args([f"--shard={shard}"])
+    assert f"--shard: expected K/N with 0 <= K < N, got {shard!r}" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("quiet_optuna")
+def test_shards_tuned_apart_merge_into_one_database(fake_h200, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from autonorm import cli
+
+    argv = ["--ops", "rms_norm,add_rms_norm", "--hidden", "1024,2048", "--dtypes", "bf16",
+            "--rows", "64", "--trials", "2"]
+    for k in range(2):
+        db = tmp_path / f"{k}.db"
+        assert tune_grid.main([*argv, "--shard", f"{k}/2", "--db", str(db)]) == 0
+    merged = tmp_path / "merged.db"
+    monkeypatch.setenv("AUTONORM_DB", str(merged))
+    for k in range(2):
+        result = CliRunner().invoke(cli.main, ["db", "import", str(tmp_path / f"{k}.db")])
+        assert result.exit_code == 0, result.output
+    with TuningDB(merged) as store:
+        tuned = {(w.key.op, w.key.fields["residual"], w.key.hidden) for w in store.winners()}
+    assert tuned == {("rms_norm", added, h) for added in (False, True) for h in (1024, 2048)}
+    assert len(fake_h200) == 4
