@@ -22,8 +22,10 @@ from autonorm.cli_db import db as db_commands
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
 from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
 from autonorm.cli_problem import (
+    BACKWARD_OPTION,
     DEFAULT_OP,
     RESIDUAL_DTYPE_OPTION,
+    backward_op,
     backward_ops,
     build_problem,
     problem_options,
@@ -207,17 +209,21 @@ def describe_failures(failures: dict[str, int]) -> str:
 @main.command()
 @click.option("--all-devices", is_flag=True, help="Include winners of other GPUs.")
 @click.option("--op", type=OP, default=None, help="Only this kernel family (default: all).")
+@BACKWARD_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def show(all_devices: bool, op: str | None, as_json: bool) -> None:
+def show(all_devices: bool, op: str | None, backward: bool, as_json: bool) -> None:
     """List tuned kernels with their time and share of copy bandwidth.
 
     One line per winner: its GPU, op, shape, rows bucket, configuration label, time, GB/s and
-    share of the copy bandwidth. Winners of this GPU only, unless --all-devices.
+    share of the copy bandwidth. Winners of this GPU only, unless --all-devices; with
+    --backward, backward kernels only (of --op's norm where given).
     """
     from autonorm.cli_show import print_table, winner_record
     from autonorm.runtime.device import NoGPUError, query_device
     from autonorm.store.db import TuningDB
 
+    if backward and op is not None:
+        op = backward_op(op)
     device = None
     if not all_devices:
         try:
@@ -232,7 +238,8 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
         if store is None:
             continue
         with store:
-            found.extend((source, w) for w in store.winners(device, op))
+            found.extend((source, w) for w in store.winners(device, op)
+                         if not backward or w.key.op.endswith("_backward"))
     if as_json:
         click.echo(json.dumps([winner_record(s, w) for s, w in found], indent=1))
         return
@@ -251,7 +258,7 @@ def show(all_devices: bool, op: str | None, as_json: bool) -> None:
                    "the default kernel for it. Default: the GPU the winner was tuned on.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory to write the .cu, .h and .json into.")
-def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
+def export(op: str, backward: bool, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
            weight_offset: bool, residual: bool, residual_dtype: str | None, rows: int | None,
            arch: int | None, out_dir: Path) -> None:
     """Write a tuned kernel as standalone CUDA with a host launcher.
@@ -263,6 +270,7 @@ def export(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
     from autonorm import export as export_mod
     from autonorm.cli_show import describe_export
 
+    op = backward_op(op) if backward else op
     problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
                             weight_offset=weight_offset, residual=residual,
                             residual_dtype=residual_dtype)

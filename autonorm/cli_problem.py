@@ -112,11 +112,19 @@ def _given(fields: dict[str, bool]) -> list[str]:
     return [flag for flag, (field, _, _) in FLAGS.items() if field in fields] or ["such flag"]
 
 
+# --backward of the commands that take one op: its backward family instead.
+BACKWARD_OPTION = click.option(
+    "--backward", is_flag=True,
+    help="The op's backward kernel (dx, dweight, dbias): --op layer_norm --backward is op "
+         "layer_norm_backward.")
+
+
 def problem_options(func: Any) -> Any:
     """The shape options of ``render`` and ``export``: --op, --hidden, --dtype and the flags."""
     options = [
         click.option("--op", type=OP, default=DEFAULT_OP, show_default=True,
                      help="Kernel family."),
+        BACKWARD_OPTION,
         click.option("--hidden", type=click.IntRange(min=1), required=True,
                      help="Hidden size (row length)."),
         click.option("--dtype", type=DTYPE, default="bfloat16", show_default=True,
@@ -135,8 +143,22 @@ def problem_options(func: Any) -> Any:
     return func
 
 
+def backward_op(op: str) -> str:
+    """Return the backward family of ``op`` (``--backward``): ``layer_norm_backward``, ...
+
+    Raises:
+        click.UsageError: ``op`` has no backward family (one line naming those that do).
+    """
+    known = registry.known()
+    name = op if op.endswith("_backward") else f"{op}_backward"
+    if name not in known:
+        raise click.UsageError(f"op {op} has no backward kernels (ops with them: "
+                               f"{', '.join(k for k in known if k.endswith('_backward'))})")
+    return name
+
+
 def backward_ops(ops: tuple[str, ...], configs: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Return the backward family of each op (``--backward``): ``layer_norm_backward``, ...
+    """Return the backward family of each op (``--backward``) of ``autonorm tune``.
 
     Raises:
         click.UsageError: an op has no backward family, or a model's ``--config`` is given
@@ -145,12 +167,4 @@ def backward_ops(ops: tuple[str, ...], configs: tuple[str, ...] = ()) -> tuple[s
     if configs:
         raise click.UsageError("--backward tunes the ops given with --op and --hidden: it "
                                "cannot go with --config")
-    known = registry.known()
-    out = []
-    for op in ops:
-        name = op if op.endswith("_backward") else f"{op}_backward"
-        if name not in known:
-            raise click.UsageError(f"op {op} has no backward kernels (ops with them: "
-                                   f"{', '.join(k for k in known if k.endswith('_backward'))})")
-        out.append(name)
-    return tuple(out)
+    return tuple(backward_op(op) for op in ops)

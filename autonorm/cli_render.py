@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from autonorm.cli_problem import DEFAULT_OP, build_problem, problem_options
+from autonorm.cli_problem import DEFAULT_OP, backward_op, build_problem, problem_options
 from autonorm.errors import ConfigError
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import (
@@ -58,7 +58,7 @@ def _int_choice(values: tuple[int, ...]) -> click.Choice:
 @click.option("--keep-x/--no-keep-x", default=None,
               help="hint x's loads to stay in L2 (evict_last)")
 @click.option("--early/--no-early", default=None, help="load weight and bias beside x")
-def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
+def render(op: str, backward: bool, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
            weight_offset: bool, residual: bool, residual_dtype: str | None,
            config_json: str | None, **fields: Any) -> None:
     """Print the CUDA source of one configuration.
@@ -69,6 +69,7 @@ def render(op: str, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
     """
     from autonorm.runtime.limits import H200
 
+    op = backward_op(op) if backward else op
     problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
                             weight_offset=weight_offset, residual=residual,
                             residual_dtype=residual_dtype)

@@ -49,3 +49,38 @@ def test_export_a_backward_kernel(env: Path) -> None:  # noqa: F811
     source = (env / "out" / "autonorm_rms_norm_backward_bf16_h4096.cu").read_text()
     assert "RMSNorm backward" in source
     assert "autonorm_rms_bwd_" in stderr + stdout
+
+
+def test_export_and_render_take_backward_as_tune_does(env: Path) -> None:  # noqa: F811
+    status, stdout, stderr = invoke(["export", "--op", "rms_norm", "--backward", "--hidden",
+                                     "4096", "-o", str(env / "flag")])
+    assert status == 0, stdout + stderr
+    status, named, _ = invoke(["export", "--op", "rms_norm_backward", "--hidden", "4096", "-o",
+                               str(env / "named")])
+    assert status == 0
+    cu = "autonorm_rms_norm_backward_bf16_h4096.cu"
+    assert (env / "flag" / cu).read_text() == (env / "named" / cu).read_text()
+    status, flagged, _ = invoke(["render", "--backward", "--hidden", "1000", "--dtype", "fp16"])
+    assert status == 0 and "LayerNorm backward" in flagged
+    assert flagged == invoke(["render", "--op", "layer_norm_backward", "--hidden", "1000",
+                              "--dtype", "fp16"])[1]
+
+
+def test_show_backward_lists_backward_kernels_only(env: Path) -> None:  # noqa: F811
+    import json
+
+    for extra in ([], ["--backward"]):
+        for op in ("rms_norm", "layer_norm"):
+            status, stdout, stderr = invoke(["tune", "--op", op, *extra, "--hidden", "1024",
+                                             "--trials", "2"])
+            assert status == 0, stdout + stderr
+
+    def ops_shown(*args: str) -> set[str]:
+        status, stdout, _ = invoke(["show", "--json", *args])
+        assert status == 0
+        return {record["op"] for record in json.loads(stdout)}
+
+    assert ops_shown() == {"rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"}
+    assert ops_shown("--backward") == {"rms_norm_backward", "layer_norm_backward"}
+    assert ops_shown("--backward", "--op", "rms_norm") == {"rms_norm_backward"}
+    assert ops_shown("--backward", "--op", "rms_norm_backward") == {"rms_norm_backward"}
