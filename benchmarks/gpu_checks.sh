@@ -14,7 +14,9 @@ written to $OUT (default /tmp/out); caches go to $AUTONORM_CACHE_DIR and $CUPY_C
 
 suites:
   all (default)       tests, then tune
-  tests               the GPU test suite (pytest -m gpu), log in $OUT/gpu_tests.log
+  tests [K/N]         the GPU test suite (pytest -m gpu), file by file over every GPU, logs in
+                      $OUT/gpu_tests_*.log; K/N runs the K-th of N parts of it on one GPU, so
+                      a suite longer than one command runs in N (benchmarks/gpu_tests.py)
   tune                the main job from empty caches: autonorm tune --hidden 16384 --dtype bf16,
                       autonorm show, and a dispatch check against float64 ($OUT/tune.log,
                       $OUT/dispatch.log)
@@ -75,10 +77,11 @@ buckets() {
 }
 
 if [[ $suite == all || $suite == tests ]]; then
-  # No -x: one failure must not hide the rest. The log goes to $OUT first, so a run cut short
-  # by the timeout still says how far it got.
-  timeout 540 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -ra --durations=15 \
-    > "$OUT/gpu_tests.log" 2>&1; tail -40 "$OUT/gpu_tests.log"
+  # No -x: one failure must not hide the rest. Each log goes to $OUT as it is written, so a
+  # run cut short still says how far it got.
+  part=()
+  [[ $suite == tests && $# -gt 0 ]] && part=(--part "$1")
+  python3 benchmarks/gpu_tests.py --out "$OUT" --timeout 540 "${part[@]}"
 fi
 
 if [[ $suite == all || $suite == tune ]]; then
