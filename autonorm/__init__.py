@@ -13,7 +13,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING  # noqa: E402
+
 from autonorm.errors import AutonormError  # noqa: E402
+
+if TYPE_CHECKING:
+    # What the lazy attributes below are, for type checkers (the package ships py.typed);
+    # at run time each loads on first use.
+    from autonorm.api import layer_norm, rms_norm
+    from autonorm.api_add import add_layer_norm, add_rms_norm
+    from autonorm.api_backward import layer_norm_backward, rms_norm_backward
+    from autonorm.tune.first_use import tune_on_first_use
 
 __all__ = [
     "AutonormError",

@@ -39,3 +39,21 @@ def test_every_template_is_package_data() -> None:
         assert package in SETUPTOOLS["packages"], path
         patterns = SETUPTOOLS["package-data"].get(package, []) + SETUPTOOLS["package-data"]["*"]
         assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path
+
+
+def test_the_package_is_typed_and_its_lazy_names_are_typed_too() -> None:
+    import ast
+
+    import autonorm
+
+    assert (ROOT / "autonorm" / "py.typed").is_file()
+    assert "py.typed" in SETUPTOOLS["package-data"]["autonorm"]
+    tree = ast.parse((ROOT / "autonorm" / "__init__.py").read_text())
+    checking = next(node for node in tree.body if isinstance(node, ast.If)
+                    and ast.unparse(node.test) == "TYPE_CHECKING")
+    typed = {alias.name for node in checking.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    lazy = set(autonorm.__all__) - {"AutonormError", "__version__"}
+    assert typed == lazy
+    for name in lazy:  # each is what the lazy attribute gives at run time
+        assert getattr(autonorm, name).__name__ == name
