@@ -1,4 +1,4 @@
-"""Offline nvcc compilation of the defaults the few-row and skewed rules pick (no GPU).
+"""Offline nvcc compilation of the defaults the few-row, skewed and long-row rules pick (no GPU).
 
 The few-row shapes hold x, the residual, weight and bias in registers (three 8-byte vectors a
 thread at 768 and 1536 in 16-bit, 512 threads at 6144 and 8192 in fp32 after the add), and
@@ -45,11 +45,21 @@ def skewed_added_launches():
                 yield problem, (1 << 26) // hidden
 
 
+def long_rms_launches():
+    """RMSNorm rows past every row cache, which its default reads twice (cache "none")."""
+    rms = registry.get("rms_norm")
+    for dtype in DTYPES:
+        for hidden in (65535, 131071, 262145, 1048576):
+            for form in ({}, {"weight_offset": True}, {"has_weight": False}):
+                for rows in (1, 4096):
+                    yield rms.problem(hidden=hidden, dtype=dtype, **form), rows
+
+
 @pytest.fixture(scope="module")
 def defaults():
     """The distinct default kernels of those launches."""
     kernels = {}
-    for launches in (few_row_launches(), skewed_added_launches()):
+    for launches in (few_row_launches(), skewed_added_launches(), long_rms_launches()):
         for problem, rows in launches:
             family = registry.family_of(problem)
             config = family.default(problem, H200, rows)
@@ -62,7 +72,8 @@ def test_the_defaults_cover_the_new_shapes(defaults):
     labels = {config.label() for _, config, _ in defaults}
     for label in ("t64v4r1-registers-two_pass-c1-p0-e", "t128v4r2-registers-two_pass-c1-p0-e",
                   "t256v4r2-registers-two_pass-c1-p0-e", "t512v4r1-registers-two_pass-c1-p0-e",
-                  "t128v8r1-bulk-two_pass-c1-p0-s1-k"):
+                  "t128v8r1-bulk-two_pass-c1-p0-s1-k", "t512v4r1-none-two_pass-c1-p0",
+                  "t1024v8r1-none-two_pass-c1-p0"):
         assert label in labels
     assert len(defaults) > 150
 

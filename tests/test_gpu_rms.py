@@ -132,3 +132,23 @@ def test_the_in_place_residual_add_gives_the_functional_bits(compiled, dtype: st
             cupy.cuda.get_current_stream().synchronize()
             assert bool((xi.view(cupy.uint8) == y.view(cupy.uint8)).all()), config.label()
             assert bool((ri.view(cupy.uint8) == h.view(cupy.uint8)).all()), config.label()
+
+
+# Rows past every row cache: the default reads x again to normalize (cache "none"), where the
+# rule used to give up though the space holds such kernels. fp32 holds the offset rows to 1e-6.
+LONG_ROWS = ((65535, "float32"), (262145, "float32"), (131071, "bfloat16"),
+             (1048576, "float16"))
+
+
+@pytest.mark.parametrize(("hidden", "dtype"), LONG_ROWS)
+def test_rows_past_every_cache_take_an_uncached_default_that_verifies(compiled, hidden: int,  # noqa: F811
+                                                                      dtype: str) -> None:
+    work = []
+    for has_weight, woff in FORMS:
+        problem = Problem(hidden, dtype, has_weight, woff)
+        config = FAMILY.default(problem, compiled.limits, 64)
+        assert config.cache == "none", config.label()
+        work.append((problem, FAMILY.render(config, problem, compiled.limits)))
+    verify_all(compiled, work)
+    if dtype == "float32":
+        verify_offset_rows(compiled, *work[0])

@@ -205,7 +205,10 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
             f"a row of {row_bytes:,} bytes fits neither ({device.max_smem_optin:,} bytes of "
             f"shared memory a block{clusters}); add the residual first and run the plain norm"
         )
-    cfg = KernelConfig(threads, vec, rows, "none", "welford", 1, 0)
+    # Uncached, x is read again to normalize: LayerNorm by Welford (a two-pass would read it
+    # three times), RMSNorm by its one statistic (its stats field takes no other value).
+    stats = "two_pass" if problem.norm == "rms" else "welford"
+    cfg = KernelConfig(threads, vec, rows, "none", stats, 1, 0)
     if not check(cfg, problem, device):
         return cfg
     # Very long rows: welford without a cache fits in one block up to its run cap (fp32: 2048
@@ -214,9 +217,13 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
     for vec_try in (v for v in VECS[::-1] if v <= vec):
         for cluster in CLUSTERS:
             for threads in (1024, 512):
-                cfg = KernelConfig(threads, vec_try, 1, "none", "welford", cluster, 0)
+                cfg = KernelConfig(threads, vec_try, 1, "none", stats, cluster, 0)
                 if not check(cfg, problem, device):
                     return cfg
+    if problem.norm == "rms":
+        raise ConfigError(
+            f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can "
+            f"run it on {device.name}: {'; '.join(check(cfg, problem, device))}")
     cap = welford_run_cap(problem)
     raise ConfigError(
         f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can run it "
