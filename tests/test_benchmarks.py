@@ -21,7 +21,7 @@ BASH = shutil.which("bash") or "/bin/bash"
 
 SCRIPTS = ("peers.py", "explore.py", "backward.py", "launch_overhead.py", "offset_errors.py",
            "triton_tutorial_ln.py", "untuned.py", "skew_weights.py", "template_ab.py",
-           "gpu_tests.py")
+           "gpu_tests.py", "default_spills.py")
 
 # Runs a script's --help with the GPU stack unimportable: --help must need none of it.
 HELP_WITHOUT_GPU_STACK = """
