@@ -19,6 +19,7 @@ import click
 import autonorm.checkout  # noqa: F401
 from autonorm import __version__
 from autonorm.cli_db import db as db_commands
+from autonorm.cli_info import info as info_command
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
 from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
 from autonorm.cli_problem import (
@@ -291,6 +292,7 @@ def export(op: str, backward: bool, hidden: int, dtype: str, no_weight: bool, no
 
 main.add_command(db_commands)
 main.add_command(render_command)
+main.add_command(info_command)
 
 
 def run() -> None:

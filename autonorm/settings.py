@@ -23,6 +23,13 @@ from pathlib import Path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
+# Every environment variable above, by name; AUTONORM_TEST_* are the test suite's own.
+VARIABLES = (
+    "AUTONORM_DB", "AUTONORM_CACHE_DIR", "AUTONORM_SHIPPED_DB", "AUTONORM_NO_SHIPPED_DB",
+    "AUTONORM_NO_KEEP_X", "AUTONORM_TUNE_ON_FIRST_USE", "AUTONORM_FIRST_USE_BUDGET_S",
+)
+TEST_PREFIX = "AUTONORM_TEST_"
+
 # Seconds a tuning on first use may take, unless AUTONORM_FIRST_USE_BUDGET_S says otherwise.
 FIRST_USE_BUDGET_S = 15.0
 
@@ -108,3 +115,16 @@ def first_use_budget_s() -> float:
 def first_use_lock_dir() -> Path:
     """Return the directory of the lock files that let one process tune a shape for all."""
     return cache_dir() / "first_use"
+
+
+def variables_set() -> tuple[dict[str, str], list[str]]:
+    """Return the autonorm variables set in the environment, and other AUTONORM_* names set.
+
+    The other names are none of :data:`VARIABLES` nor the test suite's: a misspelt setting,
+    which autonorm would ignore silently.
+    """
+    given = {name: value for name, value in os.environ.items() if name.startswith("AUTONORM_")}
+    known = {name: given[name] for name in VARIABLES if name in given}
+    unknown = sorted(name for name in given
+                     if name not in known and not name.startswith(TEST_PREFIX))
+    return known, unknown

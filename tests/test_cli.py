@@ -21,7 +21,7 @@ from autonorm.ops.layer_norm.space import default_config
 from autonorm.runtime.limits import H200
 from autonorm.store.db import TuningDB, TuningKey
 
-COMMANDS = ["tune", "show", "export", "render"]
+COMMANDS = ["tune", "show", "export", "render", "info"]
 
 
 @pytest.fixture

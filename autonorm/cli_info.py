@@ -1,0 +1,168 @@
+"""``autonorm info``: what this machine gives autonorm, for a setup check or a bug report.
+
+The version and Python, the GPU (or why there is none), CuPy, PyTorch and nvcc, both tuning
+databases (where they are, how many winners, for this GPU too), the cache and the settings
+given in the environment, a misspelt ``AUTONORM_*`` name among them. Never fails for a missing
+piece: each line says what is missing and what it costs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autonorm import __version__, settings
+
+# What a missing piece costs, said after it.
+_COSTS = {
+    "gpu": "tune and run kernels need one; show, export and render work without",
+    "torch": "autonorm.torch needs it (pip install 'autonorm[torch]')",
+    "nvcc": "only the offline compile tests and benchmarks/default_spills.py use it",
+}
+
+
+def _gpu() -> dict[str, Any]:
+    from autonorm.runtime.device import NoGPUError, query_device
+
+    try:
+        info = query_device()
+    except NoGPUError as exc:
+        return {"available": False, "reason": str(exc)}
+    return {"available": True, "name": info.name, "arch": info.arch, "sms": info.sm_count,
+            "l2_mib": info.l2_bytes / 2**20, "fingerprint": info.fingerprint}
+
+
+def _cupy() -> dict[str, Any]:
+    try:
+        import cupy
+    except ImportError:
+        return {"installed": False}
+    found: dict[str, Any] = {"installed": True, "version": cupy.__version__}
+    try:
+        found["cuda_runtime"] = int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception as exc:  # noqa: BLE001 - CuPy raises several CUDA error types
+        found["cuda_runtime_error"] = str(exc)
+    return found
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"installed": False}
+    return {"installed": True, "version": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_available": bool(torch.cuda.is_available())}
+
+
+def _database(opener: Any, path: Any, fingerprint: str | None) -> dict[str, Any]:
+    from autonorm.errors import AutonormError
+
+    found: dict[str, Any] = {"path": None if path is None else str(path)}
+    try:
+        store = opener()
+    except AutonormError as exc:
+        return {**found, "error": str(exc)}
+    if store is None:
+        return {**found, "winners": None}
+    with store:
+        found.update(winners=len(store.winners()), read_only=store.read_only,
+                     devices=sorted({d["name"] for d in store.devices()}))
+        if fingerprint is not None:
+            found["winners_here"] = len(store.winners(fingerprint))
+    return found
+
+
+def gather() -> dict[str, Any]:
+    """Return everything ``autonorm info`` reports, as plain data."""
+    from autonorm.runtime.offline import nvcc_path
+    from autonorm.store.db import TuningDB
+
+    gpu = _gpu()
+    fingerprint = gpu.get("fingerprint")
+    known, unknown = settings.variables_set()
+    return {
+        "autonorm": __version__,
+        "package": str(Path(__file__).resolve().parent),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "gpu": gpu,
+        "cupy": _cupy(),
+        "torch": _torch(),
+        "nvcc": nvcc_path(),
+        "user_db": _database(TuningDB.open_user_to_read, settings.user_db_path(), fingerprint),
+        "shipped_db": _database(TuningDB.open_shipped, settings.shipped_db_path(), fingerprint),
+        "cache_dir": str(settings.cache_dir()),
+        "settings": known,
+        "unknown_settings": unknown,
+    }
+
+
+def _db_line(found: dict[str, Any], missing: str) -> str:
+    if "error" in found:
+        return f"{found['path']}: {found['error']}"
+    if found["path"] is None:
+        return missing
+    if found["winners"] is None:
+        return f"{found['path']} (not created yet: the first tuning creates it)"
+    here = (f", {found['winners_here']} for this GPU" if "winners_here" in found else "")
+    devices = f"; tuned on {', '.join(found['devices'])}" if found["devices"] else ""
+    mode = ", read-only" if found["read_only"] else ""
+    return f"{found['path']} ({found['winners']} winners{here}{devices}{mode})"
+
+
+def lines(found: dict[str, Any]) -> list[str]:
+    """The report for a person, a fact a line."""
+    gpu, cupy, torch = found["gpu"], found["cupy"], found["torch"]
+    rows = [("autonorm", f"{found['autonorm']} ({found['package']})"),
+            ("python", f"{found['python']} on {found['platform']}")]
+    if gpu["available"]:
+        rows.append(("GPU", f"{gpu['name']}, {gpu['arch']}, {gpu['sms']} SMs, "
+                            f"{gpu['l2_mib']:.0f} MiB L2"))
+    else:
+        rows.append(("GPU", f"none: {gpu['reason']} ({_COSTS['gpu']})"))
+    if cupy["installed"]:
+        runtime = cupy.get("cuda_runtime")
+        cuda = (f"CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}" if runtime
+                else f"CUDA runtime unusable: {cupy.get('cuda_runtime_error')}")
+        rows.append(("CuPy", f"{cupy['version']} ({cuda})"))
+    else:
+        rows.append(("CuPy", "not installed (pip install 'autonorm[cuda12]' or '[cuda13]')"))
+    if torch["installed"]:
+        cuda = (f"CUDA {torch['cuda']}, " if torch["cuda"] else "CPU build, ")
+        usable = "a GPU usable" if torch["cuda_available"] else "no GPU usable"
+        rows.append(("PyTorch", f"{torch['version']} ({cuda}{usable})"))
+    else:
+        rows.append(("PyTorch", f"not installed ({_COSTS['torch']})"))
+    rows.append(("nvcc", found["nvcc"] or f"not found ({_COSTS['nvcc']})"))
+    rows.append(("user DB", _db_line(found["user_db"], "none")))
+    rows.append(("shipped DB", _db_line(found["shipped_db"],
+                                        "switched off (AUTONORM_NO_SHIPPED_DB)")))
+    rows.append(("cache", found["cache_dir"]))
+    given = ", ".join(f"{name}={value}" for name, value in found["settings"].items())
+    rows.append(("settings", given or "none set (defaults)"))
+    for name in found["unknown_settings"]:
+        close = difflib.get_close_matches(name, settings.VARIABLES, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"they are {', '.join(settings.VARIABLES)}"
+        rows.append(("warning", f"{name} is no autonorm setting and is ignored; {hint}"))
+    width = max(len(key) for key, _ in rows)
+    return [f"{key:<{width}}  {value}" for key, value in rows]
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of lines.")
+def info(as_json: bool) -> None:
+    """Show the GPU, libraries, databases and settings autonorm finds here.
+
+    For a setup check or a bug report: each missing piece says what it costs.
+    """
+    found = gather()
+    if as_json:
+        click.echo(json.dumps(found, indent=1))
+        return
+    click.echo("\n".join(lines(found)))
