@@ -22,7 +22,7 @@ import pytest
 from backward_breaks import BROKEN_CONFIGS, NO_SHIFT, PLANTED, plant
 
 from autonorm.ops import registry
-from autonorm.ops.norm_backward.few_rows import FEW_ROWS, GROUP_ROWS
+from autonorm.ops.norm_backward.few_rows import FEW_ROWS, GROUP_ROWS, REREAD_ROWS
 from autonorm.ops.norm_backward.verify import verify
 
 pytestmark = pytest.mark.gpu
@@ -55,13 +55,14 @@ def _compile(kernel):  # noqa: ANN001, ANN202
 
 
 def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
-    """The default (at any rows, at few and at the groups' buckets), and one pick of the space,
-    of its whole-row bulk kernels, its clusters, its bulk kernels holding the row in registers
-    and its groups."""
+    """The default (at any rows, at few rows, at the groups' and at the rereading buckets), and
+    one pick of the space, of its whole-row bulk kernels, its clusters, its bulk kernels holding
+    the row in registers and its groups."""
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
-    picks = [family.default(problem, limits, rows) for rows in (None, FEW_ROWS, 2, 4, GROUP_ROWS)]
+    picks = [family.default(problem, limits, rows)
+             for rows in (None, FEW_ROWS, 2, 4, GROUP_ROWS, REREAD_ROWS)]
     picks += rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))
