@@ -21,7 +21,7 @@ from autonorm import __version__
 from autonorm.cli_db import db as db_commands
 from autonorm.cli_info import info as info_command
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
-from autonorm.cli_params import ARCH, MAX_ROWS, OP, finite, tune_options
+from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite, tune_options
 from autonorm.cli_problem import (
     BACKWARD_OPTION,
     DEFAULT_OP,
@@ -211,8 +211,12 @@ def describe_failures(failures: dict[str, int]) -> str:
 @click.option("--all-devices", is_flag=True, help="Include winners of other GPUs.")
 @click.option("--op", type=OP, default=None, help="Only this kernel family (default: all).")
 @BACKWARD_OPTION
+@click.option("--dtype", type=DTYPE, default=None, help="Only this dtype.")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,
+              help="Only this hidden size.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def show(all_devices: bool, op: str | None, backward: bool, as_json: bool) -> None:
+def show(all_devices: bool, op: str | None, backward: bool, dtype: str | None,
+         hidden: int | None, as_json: bool) -> None:
     """List tuned kernels with their time and share of copy bandwidth.
 
     One line per winner: its GPU, op, shape, rows bucket, configuration label, time, GB/s and
@@ -239,8 +243,9 @@ def show(all_devices: bool, op: str | None, backward: bool, as_json: bool) -> No
         if store is None:
             continue
         with store:
-            found.extend((source, w) for w in store.winners(device, op)
-                         if not backward or w.key.op.endswith("_backward"))
+            found.extend((source, w) for w in store.winners(device, op, dtype=dtype)
+                         if (not backward or w.key.op.endswith("_backward"))
+                         and hidden in (None, w.key.hidden))
     if as_json:
         click.echo(json.dumps([winner_record(s, w) for s, w in found], indent=1))
         return

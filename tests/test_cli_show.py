@@ -67,3 +67,18 @@ def test_a_terminal_too_narrow_for_any_table_gets_whole_rows(show):
     lines = show(80)
     assert not any("…" in line for line in lines)
     assert max(len(line.rstrip()) for line in lines) > 80
+
+
+def test_show_filters_by_dtype_and_hidden_size(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
+    monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
+    result = CliRunner().invoke(cli.main, ["show", "--all-devices", "--json", "--dtype", "fp32",
+                                           "--hidden", "4096"])
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert records and {(r["dtype"], r["hidden"]) for r in records} == {("float32", 4096)}
+    with TuningDB.open_shipped() as store:
+        expected = [w for w in store.winners() if (w.key.dtype, w.key.hidden) == ("float32", 4096)]
+    assert len(records) == len(expected)
