@@ -67,3 +67,7 @@ def test_every_problem_with_kernels_has_a_valid_default(op, device):
     assert not bad, bad[:8]
     # The sweep reaches rows that no kernel runs (a float32 residual row past shared memory).
     assert refused < len(list(_problems(op)))
+
+
+def test_every_registered_family_is_swept():
+    assert set(FORMS) == set(registry.known())
