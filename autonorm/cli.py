@@ -45,12 +45,17 @@ def _default_rows(hidden: int) -> int:
 
 @click.group(cls=MessageGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="autonorm")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """autonorm: generate, tune and run fast, exact CUDA kernels (LayerNorm and RMSNorm).
 
     Start with `autonorm tune --hidden 16384` on a GPU, then `autonorm show` and
     `autonorm export`.
     """
+    if ctx.invoked_subcommand != "info":  # info lists them among its own lines
+        from autonorm import settings
+
+        settings.warn_unknown_variables()
 
 
 def _quiet_optuna() -> None:

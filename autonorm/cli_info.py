@@ -8,7 +8,6 @@ piece: each line says what is missing and what it costs.
 
 from __future__ import annotations
 
-import difflib
 import json
 import platform
 import sys
@@ -146,10 +145,7 @@ def lines(found: dict[str, Any]) -> list[str]:
     rows.append(("cache", found["cache_dir"]))
     given = ", ".join(f"{name}={value}" for name, value in found["settings"].items())
     rows.append(("settings", given or "none set (defaults)"))
-    for name in found["unknown_settings"]:
-        close = difflib.get_close_matches(name, settings.VARIABLES, n=1)
-        hint = f"did you mean {close[0]}?" if close else f"they are {', '.join(settings.VARIABLES)}"
-        rows.append(("warning", f"{name} is no autonorm setting and is ignored; {hint}"))
+    rows += [("warning", message) for message in settings.unknown_variable_messages()]
     width = max(len(key) for key, _ in rows)
     return [f"{key:<{width}}  {value}" for key, value in rows]
 

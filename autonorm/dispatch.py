@@ -88,11 +88,13 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
     with _LOCK:
         kernel = _KERNELS.get(key)
         if kernel is None:
+            from autonorm import settings
             from autonorm.ops.registry import family_of
             from autonorm.runtime import compiler
             from autonorm.runtime.device import query_device
             from autonorm.tune import first_use
 
+            settings.warn_unknown_variables()  # a misspelt setting changes nothing: say so
             choice = choose_config(problem, rows, device_id)
             # Opt-in: a shape with no winner for its rows bucket may be tuned now, once.
             choice = first_use.settle(problem, rows, device_id, choice, choose_config)

@@ -49,3 +49,7 @@ class ConfigError(AutonormError, ValueError):
 
 class ReadOnlyDatabaseWarning(UserWarning):
     """The user's tuning database cannot be written: its winners are read, no result is stored."""
+
+
+class UnknownSettingWarning(UserWarning):
+    """An ``AUTONORM_*`` environment variable is set that is no setting: it is ignored."""

@@ -13,6 +13,9 @@ Environment variables:
         database (docs/tuning.md); ``autonorm.tune_on_first_use`` sets it from Python.
     AUTONORM_FIRST_USE_BUDGET_S: seconds such a tuning may take (default 15, bounded to
         1-300).
+
+Any other ``AUTONORM_*`` name (but the test suite's ``AUTONORM_TEST_*``) is no setting: the
+command line and dispatch warn of it once, with the setting most like it.
 """
 
 from __future__ import annotations
@@ -128,3 +131,39 @@ def variables_set() -> tuple[dict[str, str], list[str]]:
     unknown = sorted(name for name in given
                      if name not in known and not name.startswith(TEST_PREFIX))
     return known, unknown
+
+
+_WARNED = False
+
+
+def unknown_variable_messages() -> list[str]:
+    """Return a line for each ``AUTONORM_*`` name set that is no setting (ignored).
+
+    Each names the setting most like it, where one is.
+    """
+    import difflib
+
+    messages = []
+    for name in variables_set()[1]:
+        close = difflib.get_close_matches(name, VARIABLES, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"they are {', '.join(VARIABLES)}"
+        messages.append(f"{name} is no autonorm setting and is ignored; {hint}")
+    return messages
+
+
+def warn_unknown_variables() -> None:
+    """Warn, once per process, of each ``AUTONORM_*`` name set that is no setting.
+
+    A misspelt setting is otherwise ignored without a word (``AUTONORM_TUNE_ON_FIRSTUSE=1``
+    tunes nothing).
+    """
+    global _WARNED
+    if _WARNED:
+        return
+    _WARNED = True
+    import warnings
+
+    from autonorm.errors import UnknownSettingWarning
+
+    for message in unknown_variable_messages():
+        warnings.warn(message, UnknownSettingWarning, stacklevel=3)

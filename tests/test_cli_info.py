@@ -82,3 +82,29 @@ def test_json_holds_the_same_facts(run, monkeypatch):
     assert found["shipped_db"] == {"path": None, "winners": None}
     assert found["settings"]["AUTONORM_NO_SHIPPED_DB"] == "1"
     assert found["unknown_settings"] == []
+
+
+def test_every_command_but_info_warns_of_a_misspelt_setting_once(run, monkeypatch):
+    from autonorm import settings
+    from autonorm.errors import UnknownSettingWarning
+
+    monkeypatch.setattr(settings, "_WARNED", False)
+    monkeypatch.setenv("AUTONORM_TUNE_ON_FIRSTUSE", "1")
+    result = CliRunner().invoke(cli.main, ["show", "--all-devices"])
+    assert result.exit_code == 0
+    assert ("warning: AUTONORM_TUNE_ON_FIRSTUSE is no autonorm setting and is ignored; did you "
+            "mean AUTONORM_TUNE_ON_FIRST_USE?") in result.stderr
+    # Dispatch asks too, on its first kernel of a process: the warning is given once.
+    with pytest.warns(UnknownSettingWarning):
+        monkeypatch.setattr(settings, "_WARNED", False)
+        settings.warn_unknown_variables()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        settings.warn_unknown_variables()
+    # info says it among its lines, not on stderr besides.
+    monkeypatch.setattr(settings, "_WARNED", False)
+    result = CliRunner().invoke(cli.main, ["info"])
+    assert "warning:" not in result.stderr
+    assert "did you mean AUTONORM_TUNE_ON_FIRST_USE?" in result.stdout

@@ -5,10 +5,10 @@ at once (a barrier), records trials and reports how many ``record_trial`` calls 
 file left behind must hold every acknowledged row, no worker may fail, and each round's corrupt
 file must be kept aside, byte for byte, under a name of its own.
 
-CI runs ``AUTONORM_STRESS_ROUNDS`` (default 100: a few seconds) rounds of
-``AUTONORM_STRESS_WORKERS`` (default 4) workers; for a long run by hand::
+CI runs ``AUTONORM_TEST_STRESS_ROUNDS`` (default 100: a few seconds) rounds of
+``AUTONORM_TEST_STRESS_WORKERS`` (default 4) workers; for a long run by hand::
 
-    AUTONORM_STRESS_ROUNDS=500 python -m pytest -q -s tests/test_db_concurrency.py
+    AUTONORM_TEST_STRESS_ROUNDS=500 python -m pytest -q -s tests/test_db_concurrency.py
 
 Nothing here depends on timing: the barriers only synchronize (their timeouts catch a hang).
 """
@@ -33,8 +33,8 @@ from autonorm.ops.layer_norm.problem import Problem
 from autonorm.store import connection, recovery
 from autonorm.store.db import TuningDB, TuningKey
 
-ROUNDS = int(os.environ.get("AUTONORM_STRESS_ROUNDS", "100"))
-WORKERS = int(os.environ.get("AUTONORM_STRESS_WORKERS", "4"))
+ROUNDS = int(os.environ.get("AUTONORM_TEST_STRESS_ROUNDS", "100"))
+WORKERS = int(os.environ.get("AUTONORM_TEST_STRESS_WORKERS", "4"))
 TRIALS = 8  # per worker and round
 HANG_S = 300  # a barrier not passed in this long means a worker hangs
 KEY = TuningKey("gpu", "layer_norm", problem_key(Problem(1024, "bfloat16")), 64)
