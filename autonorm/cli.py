@@ -9,7 +9,6 @@ the user as single lines (:mod:`autonorm.cli_messages`).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
@@ -19,9 +18,10 @@ import click
 import autonorm.checkout  # noqa: F401
 from autonorm import __version__
 from autonorm.cli_db import db as db_commands
+from autonorm.cli_export import export as export_command
 from autonorm.cli_info import info as info_command
 from autonorm.cli_messages import INTERRUPTED, MessageGroup, fail
-from autonorm.cli_params import ARCH, DTYPE, MAX_ROWS, OP, finite, tune_options
+from autonorm.cli_params import DTYPE, OP, finite, tune_options
 from autonorm.cli_problem import (
     BACKWARD_OPTION,
     DEFAULT_OP,
@@ -29,7 +29,6 @@ from autonorm.cli_problem import (
     backward_op,
     backward_ops,
     build_problem,
-    problem_options,
 )
 from autonorm.cli_render import render as render_command
 from autonorm.errors import ConfigError
@@ -260,47 +259,8 @@ def show(all_devices: bool, op: str | None, backward: bool, dtype: str | None,
     print_table(found, "all GPUs" if device is None else device)
 
 
-@main.command()
-@problem_options
-@click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
-              help="Pick the winner tuned for this row count.")
-@click.option("--arch", type=ARCH, default=None, metavar="sm_XX",
-              help="Export for this kind of GPU (sm_80, sm_90, sm_100, ...): its winners, or "
-                   "the default kernel for it. Default: the GPU the winner was tuned on.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              required=True, help="Directory to write the .cu, .h and .json into.")
-def export(op: str, backward: bool, hidden: int, dtype: str, no_weight: bool, no_bias: bool,
-           weight_offset: bool, residual: bool, residual_dtype: str | None, rows: int | None,
-           arch: int | None, out_dir: Path) -> None:
-    """Write a tuned kernel as standalone CUDA with a host launcher.
-
-    The winner comes from your tuning database, then the shipped one; without one, the
-    family's untuned default is exported (with a warning). Prints the paths written, then
-    (on stderr) what they hold and the GPUs the source needs.
-    """
-    from autonorm import export as export_mod
-    from autonorm.cli_show import describe_export
-
-    op = backward_op(op) if backward else op
-    problem = build_problem(op, hidden, dtype, no_weight=no_weight, no_bias=no_bias,
-                            weight_offset=weight_offset, residual=residual,
-                            residual_dtype=residual_dtype)
-    try:
-        paths = export_mod.export_tuned(problem, out_dir, rows=rows, arch=arch)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    except OSError as exc:
-        raise click.ClickException(
-            f"cannot write the export into {out_dir}: {exc.strerror or exc}"
-        ) from None
-    for path in paths:
-        click.echo(str(path))
-    # What the files hold, for a person (stderr: stdout stays the list of paths for scripts).
-    manifest = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
-    click.echo(describe_export(manifest), err=True)
-
-
 main.add_command(db_commands)
+main.add_command(export_command)
 main.add_command(render_command)
 main.add_command(info_command)
 

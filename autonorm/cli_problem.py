@@ -119,14 +119,20 @@ BACKWARD_OPTION = click.option(
          "layer_norm_backward.")
 
 
-def problem_options(func: Any) -> Any:
-    """The shape options of ``render`` and ``export``: --op, --hidden, --dtype and the flags."""
+def problem_options(func: Any = None, *, hidden_help: str | None = None) -> Any:
+    """The shape options of ``render`` and ``export``: --op, --hidden, --dtype and the flags.
+
+    A decorator, bare or called: ``--hidden`` is required unless ``hidden_help`` says what
+    stands for it (export's model config); the command then checks it.
+    """
+    if func is None:
+        return lambda f: problem_options(f, hidden_help=hidden_help)
     options = [
         click.option("--op", type=OP, default=DEFAULT_OP, show_default=True,
                      help="Kernel family."),
         BACKWARD_OPTION,
-        click.option("--hidden", type=click.IntRange(min=1), required=True,
-                     help="Hidden size (row length)."),
+        click.option("--hidden", type=click.IntRange(min=1), required=hidden_help is None,
+                     help=hidden_help or "Hidden size (row length)."),
         click.option("--dtype", type=DTYPE, default="bfloat16", show_default=True,
                      help="dtype of the tensors: bf16, fp16 or fp32."),
         click.option("--no-weight", is_flag=True, help="Problem without a weight."),
