@@ -117,3 +117,13 @@ def test_skew_weights_reads_its_shapes_and_refuses_bad_ones(capsys: pytest.Captu
         with pytest.raises(SystemExit):
             skew_weights.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+def test_the_readme_lists_every_tool():
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Benchmarks and tools"):readme.index("## Documentation")]
+    # grid_shapes.py is tune_grid.py's module, not a tool.
+    tools = [p.name for p in BENCHMARKS.glob("*.py") if p.name != "grid_shapes.py"]
+    assert len(tools) >= 14
+    for name in [*tools, "gpu_checks.sh"]:
+        assert f"`{name}`" in table, name
