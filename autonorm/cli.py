@@ -86,8 +86,8 @@ def _quiet_optuna() -> None:
 def tune(
     no_weight: bool, no_bias: bool, weight_offset: bool, residual: bool | None,
     residual_dtype: str | None, configs: tuple[str, ...], budget: float | None, force: bool,
-    trials: int, timeout: float, seed: int, storage: str | None, workers: int, backward: bool,
-    **lists: Any,
+    dry_run: bool, trials: int, timeout: float, seed: int, storage: str | None, workers: int,
+    backward: bool, **lists: Any,
 ) -> None:
     """Tune shapes on this GPU and store the winners.
 
@@ -111,6 +111,13 @@ def tune(
         ctx = click.get_current_context()
         raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(
             p for p in ctx.command.params if p.name == "hiddens"))
+    if dry_run:
+        from autonorm.cli_plan import list_plan
+
+        list_plan(**flat, **flags, residual=residual, residual_dtype=residual_dtype,
+                  configs=configs, default_op=DEFAULT_OP, default_rows=_default_rows,
+                  timeout=timeout, budget=budget, force=force)
+        return
     from autonorm.tune.workers import check_shared_storage
 
     try:  # before any GPU is asked or study touched

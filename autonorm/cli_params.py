@@ -133,6 +133,9 @@ def tune_options(func: Any) -> Any:
                           "shapes left; --timeout still caps each."),
         click.option("--force", is_flag=True,
                      help="Tune a plan's shapes that already have a winner too."),
+        click.option("--dry-run", is_flag=True,
+                     help="List the shapes the command would tune (on a GPU, which are stored "
+                          "already), then exit: nothing is tuned, no GPU is needed."),
     ]
     for option in reversed(options):
         func = option(func)

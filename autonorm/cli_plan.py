@@ -211,6 +211,74 @@ def worker_gpus(workers: int) -> list[int] | None:
     return worker_pool.assign_gpus(workers, count)
 
 
+def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
+          rows: Sequence[int], configs: Sequence[str], no_weight: bool, no_bias: bool,
+          weight_offset: bool, residual: bool | None, default_op: str,
+          default_rows: Any) -> tuple[list[plan.ModelNorm], list[Shape]]:
+    """Read the model configs and expand the options into the plan's shapes.
+
+    Raises:
+        click.BadParameter: a config or option the plan cannot use (naming it).
+    """
+    op = ops[0] if ops else None  # (expand gives each norm every op of --op)
+    try:
+        norms = [n for path in configs for n in plan.read_model_config(path, op=op)]
+        shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
+                             default_rows=default_rows, norms=norms, has_weight=not no_weight,
+                             has_bias=not no_bias, weight_offset=weight_offset,
+                             residual=residual, default_op=default_op)
+    except plan.PlanError as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.option) from None
+    return norms, shapes
+
+
+def list_plan(
+    *, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str], rows: Sequence[int],
+    configs: Sequence[str], no_weight: bool, no_bias: bool, weight_offset: bool,
+    residual: bool | None, residual_dtype: str | None, default_op: str, default_rows: Any,
+    timeout: float, budget: float | None, force: bool,
+) -> None:
+    """Print the shapes ``autonorm tune`` would tune (``--dry-run``), a line each, on stdout.
+
+    On a GPU each shape with a usable winner in the user's database says so (the tuning would
+    skip it, unless ``force``); without one, that is left unsaid. Tunes nothing.
+    """
+    from autonorm.runtime.device import NoGPUError, query_device
+    from autonorm.store.db import TuningDB
+
+    _, shapes = _plan(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
+                      no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
+                      residual=residual, default_op=default_op, default_rows=default_rows)
+    problems = _problems(shapes)
+    try:
+        device = query_device()
+    except NoGPUError:
+        device = None
+    stored: dict[int, str] = {}
+    if device is not None and not force:
+        store = TuningDB.open_user_to_read()
+        try:
+            for i, (shape, problem) in enumerate(zip(shapes, problems, strict=True)):
+                winner = plan.usable_winner(store, device.fingerprint, shape, problem,
+                                            device.limits())
+                if winner is not None:
+                    stored[i] = registry.get(shape.op).config_from_dict(winner.config).label()
+        finally:
+            if store is not None:
+                store.close()
+    h_dtype = f", h {residual_dtype}" if residual_dtype else ""
+    for i, shape in enumerate(shapes):
+        note = f"  (stored: {stored[i]})" if i in stored else ""
+        click.echo(f"{shape.describe()}{h_dtype}{note}")
+    todo = len(shapes) - len(stored)
+    limit = todo * timeout if budget is None else min(budget, todo * timeout)
+    where = (f"on {device.name}" if device is not None
+             else "(no GPU here: which are stored already is known on the GPU)")
+    count = f"{len(shapes)} shape{'s' * (len(shapes) != 1)}"
+    click.echo(f"{count}, {todo} to tune {where}: at most {limit:.0f} s of search, plus "
+               "compiles and finals")
+
+
 def _problems(shapes: Sequence[Shape]) -> list[Problem]:
     """Build every shape's problem before any is tuned: a bad one ends the command now."""
     from autonorm.cli_problem import flag_fields
@@ -249,15 +317,9 @@ def run_plan(
     from autonorm.errors import ConfigError
     from autonorm.runtime.device import NoGPUError, query_device
 
-    op = ops[0] if ops else None  # (expand gives each norm every op of --op)
-    try:
-        norms = [n for path in configs for n in plan.read_model_config(path, op=op)]
-        shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
-                             default_rows=default_rows, norms=norms, has_weight=not no_weight,
-                             has_bias=not no_bias, weight_offset=weight_offset,
-                             residual=residual, default_op=default_op)
-    except plan.PlanError as exc:
-        raise click.BadParameter(str(exc), param_hint=exc.option) from None
+    norms, shapes = _plan(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
+                          no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
+                          residual=residual, default_op=default_op, default_rows=default_rows)
     problems = _problems(shapes)
     try:
         device = query_device()
