@@ -72,6 +72,28 @@ class _Counter:
         self.bar.update(self.before + self.done, self.best)
 
 
+def stored_winners(shapes: Sequence[Shape], problems: Sequence[Problem],
+                   device: DeviceInfo) -> dict[int, Any]:
+    """The usable winners of the user's database for the plan's shapes, by shape index.
+
+    These are the shapes a plan skips unless ``--force`` (:func:`autonorm.tune.plan.usable_winner`).
+    """
+    from autonorm.store.db import TuningDB
+
+    limits = device.limits()
+    stored: dict[int, Any] = {}
+    store = TuningDB.open_user_to_read()
+    try:
+        for i, (shape, problem) in enumerate(zip(shapes, problems, strict=True)):
+            winner = plan.usable_winner(store, device.fingerprint, shape, problem, limits)
+            if winner is not None:
+                stored[i] = winner
+    finally:
+        if store is not None:
+            store.close()
+    return stored
+
+
 def tune_plan(
     shapes: Sequence[Shape],
     problems: Sequence[Problem],
@@ -91,21 +113,9 @@ def tune_plan(
     an interrupt still has the shapes finished before it. ``gpus``: each worker's GPU
     (:func:`worker_gpus`).
     """
-    from autonorm.store.db import TuningDB
     from autonorm.tune import session
 
-    limits = device.limits()
-    stored: dict[int, Any] = {}
-    if not force:
-        store = TuningDB.open_user_to_read()
-        try:
-            for i, (shape, problem) in enumerate(zip(shapes, problems, strict=True)):
-                winner = plan.usable_winner(store, device.fingerprint, shape, problem, limits)
-                if winner is not None:
-                    stored[i] = winner
-        finally:
-            if store is not None:
-                store.close()
+    stored = {} if force else stored_winners(shapes, problems, device)
     todo = [i for i in range(len(shapes)) if i not in stored]
     budget_text = f", budget {budget:g} s" if budget is not None else ""
     _say(f"autonorm {__version__}: tuning a plan of {len(shapes)} shapes on {device.name} "
@@ -244,7 +254,6 @@ def list_plan(
     skip it, unless ``force``); without one, that is left unsaid. Tunes nothing.
     """
     from autonorm.runtime.device import NoGPUError, query_device
-    from autonorm.store.db import TuningDB
 
     _, shapes = _plan(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
                       no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
@@ -254,18 +263,9 @@ def list_plan(
         device = query_device()
     except NoGPUError:
         device = None
-    stored: dict[int, str] = {}
-    if device is not None and not force:
-        store = TuningDB.open_user_to_read()
-        try:
-            for i, (shape, problem) in enumerate(zip(shapes, problems, strict=True)):
-                winner = plan.usable_winner(store, device.fingerprint, shape, problem,
-                                            device.limits())
-                if winner is not None:
-                    stored[i] = registry.get(shape.op).config_from_dict(winner.config).label()
-        finally:
-            if store is not None:
-                store.close()
+    stored = {} if device is None or force else {
+        i: registry.get(shapes[i].op).config_from_dict(winner.config).label()
+        for i, winner in stored_winners(shapes, problems, device).items()}
     h_dtype = f", h {residual_dtype}" if residual_dtype else ""
     for i, shape in enumerate(shapes):
         note = f"  (stored: {stored[i]})" if i in stored else ""
