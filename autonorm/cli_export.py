@@ -67,8 +67,9 @@ def _model_problems(ctx: click.Context, configs: tuple[str, ...], op: str, hidde
 @click.option("--rows", type=click.IntRange(1, MAX_ROWS), default=None,
               help="Pick the winner tuned for this row count.")
 @click.option("--arch", type=ARCH, default=None, metavar="sm_XX",
-              help="Export for this kind of GPU (sm_80, sm_90, sm_100, ...): its winners, or "
-                   "the default kernel for it. Default: the GPU the winner was tuned on.")
+              help="Export for this kind of GPU (sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, "
+                   "sm_120): its winners, or the default kernel for it. Default: the GPU the "
+                   "winner was tuned on.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="Directory to write the .cu, .h and .json into.")
 @click.pass_context

@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"comma-separated row counts; '{GRID}' is 2^26 // hidden "
                              f"(default: {GRID},64)")
     parser.add_argument("--arch", default="sm_90",
-                        help="GPU kind: sm_80 (A100), sm_90 (H200), sm_100 (B200)")
+                        help="GPU kind: sm_75 to sm_120 (default: sm_90, the H200)")
     args = parser.parse_args(argv)
     args.op_names = [op.strip() for op in args.ops.split(",") if op.strip()]
     for op in args.op_names:

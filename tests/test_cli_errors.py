@@ -98,7 +98,7 @@ BAD_OPTIONS = [
     (["export", "--hidden", HUGE, "-o", "{tmp}/out"], "unsupported hidden size"),
     (["export", *FIXED, "-o", "{tmp}/out", "--dtype", "float64"], "unsupported dtype"),
     (["export", *FIXED, "-o", "{tmp}/out", "--arch", "sm_7"], "not a GPU architecture"),
-    (["export", *FIXED, "-o", "{tmp}/out", "--arch", "sm_77"], "knows the limits of sm_80"),
+    (["export", *FIXED, "-o", "{tmp}/out", "--arch", "sm_77"], "knows the limits of sm_75, sm_80"),
     (["export", *FIXED, "-o", "{tmp}/a_file"], "is a file"),
     (["export", *FIXED, "-o", "{tmp}/a_file/sub"], "cannot write the export into"),
     (["render", "--hidden", "0"], "'--hidden': 0 is not in the range"),

@@ -35,7 +35,7 @@ def test_the_grid_takes_every_form_dtype_size_and_row_count():
     (["--hidden", "12,x"], "comma-separated integers"),
     (["--rows", "0"], "must be >= 1"),
     (["--dtypes", "fp64"], "fp64"),
-    (["--arch", "sm_75"], "no limits known for sm_75"),
+    (["--arch", "sm_87"], "no limits known for sm_87"),
 ])
 def test_bad_arguments_end_in_one_line(argv, says, capsys):
     with pytest.raises(SystemExit):

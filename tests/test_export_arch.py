@@ -34,7 +34,7 @@ from autonorm.store.db import TuningDB, TuningKey
 
 H200 = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6144, 3201000)
 A100 = DeviceInfo("NVIDIA A100-SXM4-80GB", 80, 108, 41943040, 166912, 5120, 1593000)
-L40S = DeviceInfo("NVIDIA L40S", 89, 142, 100663296, 101376, 384, 9001000)
+RTX4090 = DeviceInfo("NVIDIA GeForce RTX 4090", 89, 128, 75497472, 101376, 384, 10501000)
 PROBLEM = Problem(16384, "bfloat16")
 H200_CONFIG = KernelConfig(256, 8, 1, "registers", "welford", 2, 0)
 A100_CONFIG = KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)
@@ -99,12 +99,24 @@ def test_parse_arch_refuses(text: str) -> None:
 
 def test_the_known_kinds_are_the_datasheet_values() -> None:
     assert arch.KNOWN[90] is H200_LIMITS
+    assert sorted(arch.KNOWN) == [75, 80, 86, 89, 90, 100, 120]
     a100, b200 = arch.KNOWN[80], arch.KNOWN[100]
     assert (a100.cc, a100.sm_count, a100.max_smem_optin, a100.l2_bytes) == (
         80, 108, 166912, 40 * 2**20)
     assert a100.max_smem_optin == A100.smem_optin  # what an A100 reports
     assert (b200.cc, b200.sm_count, b200.max_smem_optin, b200.l2_bytes) == (
         100, 148, 232448, 126 * 2**20)
+    # Turing holds 1024 threads and 64 KB an SM; Ampere's and Ada's smaller parts and consumer
+    # Blackwell 1536 threads and 100 KB, a block taking 99 KB of it (as an RTX 4090 reports).
+    t4 = arch.KNOWN[75]
+    assert (t4.max_threads_per_sm, t4.smem_per_sm, t4.max_smem_optin) == (1024, 65536, 65536)
+    for cc in (86, 89, 120):
+        kind = arch.KNOWN[cc]
+        assert kind.cc == cc
+        assert (kind.max_threads_per_sm, kind.smem_per_sm) == (1536, 102400)
+        assert kind.max_smem_optin == RTX4090.smem_optin
+    for cc, kind in arch.KNOWN.items():
+        assert kind.cc == cc and kind.regs_per_sm == 65536
 
 
 def test_arch_picks_that_kinds_winner(dbs: Path, tmp_path: Path) -> None:
@@ -118,7 +130,7 @@ def test_arch_picks_that_kinds_winner(dbs: Path, tmp_path: Path) -> None:
         assert manifest["device_limits"] == dataclasses.asdict(device.limits())
 
 
-@pytest.mark.parametrize("cc", [80, 100])
+@pytest.mark.parametrize("cc", sorted(set(arch.KNOWN) - {90}))
 def test_arch_without_winners_exports_the_default_for_its_limits(
     dbs: Path, tmp_path: Path, cc: int
 ) -> None:
@@ -135,16 +147,18 @@ def test_arch_without_winners_exports_the_default_for_its_limits(
 
 def test_arch_of_a_recorded_device_uses_its_limits(dbs: Path, tmp_path: Path) -> None:
     with TuningDB(dbs) as db:
-        db.record_device(L40S)
+        db.record_device(RTX4090)
     with pytest.warns(UserWarning, match="nothing is tuned"):
         manifest = _manifest(export_from_db(16384, "bf16", tmp_path / "out", arch=89))
-    assert manifest["device_limits"]["name"] == "NVIDIA L40S"
-    assert manifest["device_limits"]["max_smem_optin"] == L40S.smem_optin
+    # The recorded part, not the kind's datasheet one (an L40S).
+    assert manifest["device_limits"]["name"] == "NVIDIA GeForce RTX 4090"
+    assert manifest["device_limits"]["sm_count"] == RTX4090.sm_count
 
 
 def test_an_unknown_arch_is_refused(dbs: Path, tmp_path: Path) -> None:
-    with pytest.raises(AutonormError, match="knows the limits of sm_80, sm_90, sm_100 only"):
-        export_from_db(16384, "bf16", tmp_path / "out", arch=86)
+    with pytest.raises(AutonormError, match="knows the limits of sm_75, sm_80, sm_86, sm_89, "
+                                            "sm_90, sm_100, sm_120 only"):
+        export_from_db(16384, "bf16", tmp_path / "out", arch=87)
 
 
 def test_the_cli_says_what_the_source_needs(dbs: Path, tmp_path: Path) -> None:
@@ -166,7 +180,7 @@ def test_the_cli_says_what_the_source_needs(dbs: Path, tmp_path: Path) -> None:
 # -- nvcc checks the claims ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cc", [80, 90, 100])
+@pytest.mark.parametrize("cc", sorted(arch.KNOWN))
 def test_an_export_for_an_arch_compiles_for_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cc: int
 ) -> None:

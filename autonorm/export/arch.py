@@ -1,4 +1,4 @@
-"""The GPU kinds an export can be made for, by architecture (``sm_80``, ``sm_90``, ``sm_100``).
+"""The GPU kinds an export can be made for, by architecture (``sm_75`` to ``sm_120``).
 
 An export for another GPU than the one at hand takes that kind's winners where a tuning
 database has them (its devices table records each device's compute capability), else the
@@ -12,12 +12,28 @@ import re
 
 from autonorm.runtime.limits import H200, DeviceLimits
 
-# Datasheet values of one GPU of each kind (NVIDIA's A100 and B200 datasheets and CUDA
-# programming guide tables; not measured here): SMs, shared memory a block may opt in to and an
-# SM holds, L2. Registers (64K per SM) and threads (2048 per SM) are those of every kind here.
+# Datasheet values of one GPU of each kind (NVIDIA's datasheets and the CUDA programming guide's
+# table of compute capabilities; not measured here): SMs, shared memory a block may opt in to and
+# an SM holds, resident threads an SM, L2. Registers (64K per SM) are those of every kind here.
+# A kind's other parts differ in SMs and L2 only; a recorded device of the kind overrides these.
+T4 = DeviceLimits(
+    name="Tesla T4", cc=75, sm_count=40, max_smem_optin=64 * 1024, l2_bytes=4 * 1024**2,
+    smem_per_sm=64 * 1024, max_threads_per_sm=1024,
+)
+
 A100 = DeviceLimits(
     name="NVIDIA A100", cc=80, sm_count=108, max_smem_optin=163 * 1024, l2_bytes=40 * 1024**2,
     smem_per_sm=164 * 1024,
+)
+
+A10 = DeviceLimits(
+    name="NVIDIA A10", cc=86, sm_count=72, max_smem_optin=99 * 1024, l2_bytes=6 * 1024**2,
+    smem_per_sm=100 * 1024, max_threads_per_sm=1536,
+)
+
+L40S = DeviceLimits(
+    name="NVIDIA L40S", cc=89, sm_count=142, max_smem_optin=99 * 1024, l2_bytes=96 * 1024**2,
+    smem_per_sm=100 * 1024, max_threads_per_sm=1536,
 )
 
 B200 = DeviceLimits(
@@ -25,9 +41,16 @@ B200 = DeviceLimits(
     smem_per_sm=228 * 1024,
 )
 
+RTX5090 = DeviceLimits(
+    name="NVIDIA GeForce RTX 5090", cc=120, sm_count=170, max_smem_optin=99 * 1024,
+    l2_bytes=96 * 1024**2, smem_per_sm=100 * 1024, max_threads_per_sm=1536,
+)
+
 # The limits a default configuration is rendered for, by compute capability (sm_90: the H200,
 # the device autonorm renders for without a GPU).
-KNOWN: dict[int, DeviceLimits] = {80: A100, 90: H200, 100: B200}
+KNOWN: dict[int, DeviceLimits] = {
+    75: T4, 80: A100, 86: A10, 89: L40S, 90: H200, 100: B200, 120: RTX5090,
+}
 
 _ARCH = re.compile(r"(?:sm_?|compute_)?(\d{2,3})[a-z]?|(\d{1,2})\.(\d)")
 
