@@ -10,6 +10,9 @@ Under ``AUTONORM_NO_KEEP_X=1`` a configuration with an L2 hint on x (LayerNorm's
 is launched without it: the same arithmetic and bits, a kernel that leaves L2's priorities
 alone (docs/l2-hints.md).
 
+Where nothing is tuned and the default's kernel spills registers on this GPU, the first leaner
+default that does not (:mod:`autonorm.fallback`) runs instead.
+
 Compiled kernels are cached in the process: a call with a known key is a dict lookup, with no
 database query and no compile.
 
@@ -101,9 +104,37 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
             limits = query_device(device_id).limits()
             rendered = family_of(problem).render(choice.config, problem, limits)
             kernel = compiler.compile_kernel(rendered, device_id)
+            if choice.source == "default" and compiler.local_bytes(kernel):
+                choice, kernel = _without_spills(problem, rows, limits, choice, kernel,
+                                                 device_id)
             _CHOICES[key] = choice
             _KERNELS[key] = kernel
     return kernel
+
+
+def _without_spills(
+    problem: Problem, rows: int, limits: Any, choice: Choice, kernel: Any, device_id: int
+) -> tuple[Choice, Any]:
+    """Trade a default that spills on this GPU for the first leaner one that does not.
+
+    The default rule's register estimate is fitted to one compiler and architecture
+    (:mod:`autonorm.fallback`); where the kernel it picked uses local memory here, each leaner
+    pick is compiled in turn. If every one spills too (or fails to compile), the default stays.
+    """
+    from autonorm.errors import CompileError
+    from autonorm.fallback import leaner_defaults
+    from autonorm.ops.registry import family_of
+    from autonorm.runtime import compiler
+
+    for config in leaner_defaults(problem, limits, rows, choice.config):
+        try:
+            lean = compiler.compile_kernel(family_of(problem).render(config, problem, limits),
+                                           device_id)
+        except CompileError:
+            continue
+        if not compiler.local_bytes(lean):
+            return dataclasses.replace(choice, config=config), lean
+    return choice, kernel
 
 
 def chosen(problem: Problem, rows: int, device_id: int = 0) -> Choice | None:

@@ -189,6 +189,11 @@ def cuda_version() -> int:
     return int(cupy.cuda.runtime.runtimeGetVersion())
 
 
+def local_bytes(kernel: Any) -> int:
+    """Local memory a thread of a loaded kernel uses (spills or a stack frame), 0 if unknown."""
+    return int(getattr(kernel, "attributes", {}).get("local_size_bytes", 0))
+
+
 def compile_kernel(
     rendered: RenderedKernel, device_id: int | None = None, abi: KernelABI | None = None
 ) -> CompiledKernel:

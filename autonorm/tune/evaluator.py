@@ -165,7 +165,7 @@ class GpuEvaluator:
             return Outcome("invalid", error=str(exc))
         except CompileError as exc:
             return Outcome("compile", error=str(exc)[-2000:])
-        local = _local_bytes(kernel)
+        local = compiler.local_bytes(kernel)
         if local:
             return Outcome("compile", error=f"uses {local} bytes of local memory (spills)")
         try:
@@ -238,8 +238,3 @@ class GpuEvaluator:
                 )
             )
         return out
-
-
-def _local_bytes(kernel: Any) -> int:
-    """Local memory per thread of a loaded kernel (spills or stack), 0 if unknown."""
-    return int(kernel.attributes.get("local_size_bytes", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -111,6 +112,28 @@ class LayerNormFamily:
     ) -> KernelConfig:
         """Return the untuned default configuration for ``rows`` rows (:mod:`.heuristic`)."""
         return space.default_config(problem, device, rows)
+
+    def leaner(
+        self, config: KernelConfig, problem: Problem, device: DeviceLimits
+    ) -> list[KernelConfig]:
+        """Return forms of ``config`` that give each thread more registers, the nearest first.
+
+        The register cap (``max_regs``) lifted: it is fitted to sm_90's ptxas, and compiled
+        for sm_100 and sm_120 the capped smem kernels of 16-bit rows of 512-2048 spill 4-32
+        bytes under it and fit without. A bulk kernel with more stages: shared memory then
+        holds fewer blocks an SM, and ``__launch_bounds__`` gives each thread more registers
+        (16-bit LayerNorm's bulk kernels at 16384-65536 spilled 100-112 bytes at 128 registers
+        on sm_100, and after the add 4 bytes at 168 on sm_90; a stage or two more fit them).
+        The family's rules are left to refuse what does not run (:mod:`autonorm.fallback`).
+        """
+        del problem, device  # the rules judge each form where it is used
+        forms = []
+        if config.max_regs:
+            forms.append(dataclasses.replace(config, max_regs=0))
+        if config.cache == "bulk":
+            forms += [dataclasses.replace(config, stages=stages) for stages in STAGES
+                      if stages > config.stages]
+        return forms
 
     def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
         """Return how far ``other``'s winners are from ``problem``, or None if they may not lend.

@@ -1,0 +1,79 @@
+"""Defaults that do not spill: what runs where a family's default spills on the GPU at hand.
+
+A family's default rule estimates each configuration's registers from a fit to one compiler
+and one architecture (nvcc 13.0, sm_90). Elsewhere the estimate can run short: compiled for
+their own architectures, the defaults of an A100, an L40S or a T4 spill in 16-bit LayerNorm
+backward at 4096-16384 elements (t512 kernels holding the row in registers, 24-172 bytes), and
+a B200's in 16-bit LayerNorm forward at 512-2048 (the 64-register smem kernels) and
+16384-65536 (bulk kernels at 128 registers), where sm_90's ptxas fits the same kernels
+(docs/families.md). A kernel that spills reads and writes local memory for every row, and the
+tuner's evaluator refuses it.
+
+So where the default's kernel spills, leaner picks are tried in turn. First the family's own
+(its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, which
+sm_90's ptxas keeps to and sm_100's spills under, or give a bulk kernel more stages, so that
+fewer blocks share an SM's registers). Then the default rule asked again for a
+register file of :data:`LEAN_REGISTER_SHARES` of the device's: it then keeps a margin under the
+registers it estimates and picks a kernel that holds less a thread (more threads, fewer blocks
+an SM, the row read again rather than held). Each pick is checked on the real device's limits
+and rendered for them; the first that does not spill runs. Dispatch asks with the compiled
+kernel's local memory (:func:`autonorm.dispatch.get_kernel`), the offline tests with ptxas's
+report (``tests/test_kinds_compile.py``).
+
+Pure logic: no CuPy, no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from autonorm.errors import ConfigError
+from autonorm.ops.registry import family_of
+
+if TYPE_CHECKING:
+    from autonorm.ops.base import Config, Problem
+    from autonorm.runtime.limits import DeviceLimits
+
+__all__ = ["LEAN_REGISTER_SHARES", "leaner_defaults"]
+
+# The shares of the register file the rule is asked for in turn. Three quarters fixed every
+# default that spilled in 16-bit LayerNorm backward on sm_75-sm_89 (nvcc 13.0); half is the
+# next step where it did not.
+LEAN_REGISTER_SHARES = (0.75, 0.5)
+
+
+def leaner_defaults(
+    problem: Problem, limits: DeviceLimits, rows: int | None, first: Config
+) -> Iterator[Config]:
+    """Yield other configurations of ``problem`` to run where ``first`` spills, in order.
+
+    Args:
+        problem: what runs.
+        limits: the device it runs on.
+        rows: the row count the default is for (None: the family's default of many rows).
+        first: the default that spilled; it and any repeat are left out.
+
+    Yields:
+        Each new configuration, the family's ``leaner`` forms and then the default rule's for
+        :data:`LEAN_REGISTER_SHARES` of ``limits``'s registers, that the family's rules accept
+        on ``limits`` themselves.
+
+    """
+    family = family_of(problem)
+    hook = getattr(family, "leaner", None)
+    picks = [lambda form=form: form for form in (hook(first, problem, limits) if hook else ())]
+    for share in LEAN_REGISTER_SHARES:
+        tighter = dataclasses.replace(limits, regs_per_sm=int(limits.regs_per_sm * share))
+        picks.append(lambda tighter=tighter: family.default(problem, tighter, rows))
+    seen = {first}
+    for pick in picks:
+        try:
+            config = pick()
+        except ConfigError:
+            continue  # nothing fits the smaller file: the next share is smaller still
+        if config in seen or family.check(config, problem, limits):
+            continue
+        seen.add(config)
+        yield config

@@ -1,0 +1,140 @@
+"""CPU tests of the defaults that replace one that spills (autonorm.fallback, dispatch).
+
+The leaner picks are pure logic, checked here on the limits of the GPU kinds autonorm knows.
+Dispatch's swap is checked with the compiler faked: each "compiled" kernel reports the local
+memory the test gives its configuration, the attribute a real CuPy function reports. Whether
+the picks stop spilling is measured by nvcc in ``tests/test_kinds_compile.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autonorm import dispatch, fallback
+from autonorm.errors import CompileError
+from autonorm.export.arch import KNOWN
+from autonorm.ops import registry
+from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.runtime import compiler
+from autonorm.runtime.device import DeviceInfo
+
+A100 = DeviceInfo("NVIDIA A100-SXM4-80GB", 80, 108, 41943040, 166912, 5120, 1593000)
+BACKWARD = registry.get("layer_norm_backward")
+FORWARD = registry.get("layer_norm")
+# 16-bit LayerNorm backward of 4096 on an A100: its default holds the row in registers at 512
+# threads and spills 32 bytes under nvcc 13.0 (sm_80).
+SPILLING = BACKWARD.problem(hidden=4096, dtype="bfloat16")
+ROWS = 16384
+
+
+def test_the_leaner_picks_are_new_valid_and_distinct():
+    limits = KNOWN[80]
+    first = BACKWARD.default(SPILLING, limits, ROWS)
+    picks = list(fallback.leaner_defaults(SPILLING, limits, ROWS, first))
+    assert picks and first not in picks
+    assert len(set(picks)) == len(picks)
+    for config in picks:
+        assert BACKWARD.check(config, SPILLING, limits) == []
+    # The first is the rule's pick for three quarters of the register file.
+    tighter = dataclasses.replace(limits, regs_per_sm=limits.regs_per_sm * 3 // 4)
+    assert picks[0] == BACKWARD.default(SPILLING, tighter, ROWS)
+    # It holds fewer elements a thread in registers: more threads, or one row in flight.
+    assert (picks[0].threads * picks[0].blocks_per_sm, picks[0].prefetch) != (
+        first.threads * first.blocks_per_sm, first.prefetch)
+
+
+def test_the_forward_lifts_its_register_cap_first():
+    problem = FORWARD.problem(hidden=1024, dtype="bfloat16")
+    capped = KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, max_regs=64)
+    assert FORWARD.check(capped, problem, KNOWN[100]) == []
+    picks = list(fallback.leaner_defaults(problem, KNOWN[100], 65536, capped))
+    assert picks[0] == dataclasses.replace(capped, max_regs=0)
+
+
+def test_a_bulk_forward_takes_more_stages_first():
+    problem = FORWARD.problem(hidden=16384, dtype="bfloat16")
+    first = KernelConfig(256, 8, 1, "bulk", "two_pass", 1, 0, 3)
+    assert FORWARD.check(first, problem, KNOWN[100]) == []
+    picks = list(fallback.leaner_defaults(problem, KNOWN[100], 4096, first))
+    assert [p.stages for p in picks[:2]] == [4, 6]
+    assert all(dataclasses.replace(p, stages=3) == first for p in picks[:2])
+
+
+def test_nothing_is_offered_twice_or_invalid_on_every_kind():
+    for cc, limits in KNOWN.items():
+        for op in registry.known():
+            family = registry.get(op)
+            for hidden in (1024, 4096, 12288):
+                problem = family.problem(hidden=hidden, dtype="bfloat16")
+                first = family.default(problem, limits, ROWS)
+                picks = list(fallback.leaner_defaults(problem, limits, ROWS, first))
+                assert first not in picks and len(set(picks)) == len(picks), (cc, op, hidden)
+                assert all(not family.check(p, problem, limits) for p in picks), (cc, op)
+
+
+class FakeKernel:
+    """What compile_kernel returns, as far as dispatch looks: the local memory it reports."""
+
+    def __init__(self, rendered, local: int) -> None:
+        self.rendered = rendered
+        self.attributes = {"local_size_bytes": local}
+
+
+@pytest.fixture
+def a100(tmp_path, monkeypatch):
+    """No databases, an A100, and a compiler whose kernels spill as ``spills`` says."""
+    import autonorm.runtime.device
+
+    monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: A100)
+    spills: dict = {}
+    compiled: list = []
+
+    def compile_kernel(rendered, device_id=None, abi=None):
+        compiled.append(rendered.config)
+        local = spills.get(rendered.config, 0)
+        if local is None:
+            raise CompileError("rejected")
+        return FakeKernel(rendered, local)
+
+    monkeypatch.setattr(compiler, "compile_kernel", compile_kernel)
+    dispatch.clear_cache()
+    yield spills, compiled
+    dispatch.clear_cache()
+
+
+def test_dispatch_runs_the_first_leaner_default_that_does_not_spill(a100):
+    spills, compiled = a100
+    limits = A100.limits()
+    first = BACKWARD.default(SPILLING, limits, ROWS)
+    picks = list(fallback.leaner_defaults(SPILLING, limits, ROWS, first))
+    spills[first] = 32
+    spills[picks[0]] = None  # the first leaner pick does not compile: the next is tried
+    kernel = dispatch.get_kernel(SPILLING, ROWS)
+    assert kernel.rendered.config == picks[1]
+    assert compiled == [first, picks[0], picks[1]]
+    choice = dispatch.chosen(SPILLING, ROWS)
+    assert (choice.config, choice.source) == (picks[1], "default")
+    assert dispatch.get_kernel(SPILLING, ROWS) is kernel  # cached: nothing compiled again
+    assert len(compiled) == 3
+
+
+def test_dispatch_keeps_a_default_that_does_not_spill(a100):
+    _, compiled = a100
+    kernel = dispatch.get_kernel(SPILLING, ROWS)
+    assert compiled == [BACKWARD.default(SPILLING, A100.limits(), ROWS)]
+    assert kernel.attributes["local_size_bytes"] == 0
+
+
+def test_dispatch_keeps_the_default_when_every_leaner_pick_spills(a100):
+    spills, compiled = a100
+    limits = A100.limits()
+    first = BACKWARD.default(SPILLING, limits, ROWS)
+    picks = list(fallback.leaner_defaults(SPILLING, limits, ROWS, first))
+    spills.update({config: 16 for config in [first, *picks]})
+    kernel = dispatch.get_kernel(SPILLING, ROWS)
+    assert kernel.rendered.config == first
+    assert compiled == [first, *picks]
