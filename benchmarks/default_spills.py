@@ -11,7 +11,8 @@ dtype of ``--dtypes``, each hidden size and row count, the family's default for 
 batch (``autonorm.runtime.offline``): ``ptxas -v`` gives each one's registers and spills. The
 evaluator refuses a kernel that spills (docs/registers.md), so a default that spills is one the
 tuner would not run. Prints the count of kernels and launches that spill, then each spilling
-kernel with its registers, spill bytes and the shapes that take it.
+kernel with its registers, spill bytes and the shapes that take it, and the leaner pick that
+dispatch runs in its place (:mod:`autonorm.fallback`), compiled the same way.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def defaults(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """Render each launch's default: the distinct kernels by name, and the shapes of each."""
+    """Render each launch's default: the distinct kernels by name, and the shapes of each.
+
+    Each kernel carries ``rows``, the row count of its first launch (what its leaner picks are
+    ruled for).
+    """
     from autonorm.errors import ConfigError
     from autonorm.ops import registry
 
@@ -102,9 +107,32 @@ def defaults(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[s
                 except ConfigError:
                     continue  # nothing runs the problem: no default to compile
                 kernel = family.render(config, problem, args.limits)
-                kernels.setdefault(kernel.name, kernel)
+                kernels.setdefault(kernel.name, (kernel, rows))
                 shapes[kernel.name].append(f"{problem.describe()} x {rows} rows")
     return kernels, shapes
+
+
+def leaner_runs(args: argparse.Namespace, spilling: list[Any]) -> dict[str, str | None]:
+    """For each spilling (kernel, rows), the label of the first leaner pick that does not spill.
+
+    Dispatch runs that pick on a GPU where the default spills (:mod:`autonorm.fallback`); None
+    where every pick spills too (the default then stays).
+    """
+    from autonorm.fallback import leaner_defaults
+    from autonorm.ops import registry
+    from autonorm.runtime.offline import compile_offline
+
+    chains = {}
+    for kernel, rows in spilling:
+        family = registry.family_of(kernel.problem)
+        chains[kernel.name] = [
+            family.render(config, kernel.problem, args.limits)
+            for config in leaner_defaults(kernel.problem, args.limits, rows, kernel.config)]
+    picks = [lean for chain in chains.values() for lean in chain]
+    reports = compile_offline(picks, args.limits.arch) if picks else {}
+    return {name: next((lean.config.label() for lean in chain if not reports[lean.name].spills),
+                       None)
+            for name, chain in chains.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,20 +144,23 @@ def main(argv: list[str] | None = None) -> int:
         print("default_spills: nvcc is not installed", file=sys.stderr)
         return 2
     kernels, shapes = defaults(args)
-    reports = compile_offline(list(kernels.values()), args.limits.arch)
+    reports = compile_offline([kernel for kernel, _ in kernels.values()], args.limits.arch)
     spilling = [name for name in kernels if reports[name].spills]
     launches = sum(len(shapes[name]) for name in spilling)
     print(f"{len(spilling)} of {len(kernels)} default kernels spill ({launches} of "
           f"{sum(map(len, shapes.values()))} launches), {args.limits.arch}")
-    by_hidden = collections.Counter(kernels[name].problem.hidden for name in spilling)
+    by_hidden = collections.Counter(kernels[name][0].problem.hidden for name in spilling)
     if by_hidden:
         print("by hidden size: " + ", ".join(f"{h}: {n}" for h, n in sorted(by_hidden.items())))
+    runs = leaner_runs(args, [kernels[name] for name in spilling])
     for name in spilling:
-        report = reports[name]
-        print(f"  {kernels[name].config.label()} {report.registers} registers, "
+        report, kernel = reports[name], kernels[name][0]
+        print(f"  {kernel.config.label()} {report.registers} registers, "
               f"{report.spill_stores} B spill stores, {report.spill_loads} B spill loads: "
               f"{shapes[name][0]}" + (f" (+{len(shapes[name]) - 1})" if len(shapes[name]) > 1
                                       else ""))
+        print(f"    dispatch runs {runs[name]}" if runs[name] else
+              "    no leaner pick runs without spills: dispatch keeps the default")
     return 1 if spilling else 0
 
 
