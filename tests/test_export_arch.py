@@ -23,6 +23,8 @@ from autonorm import cli
 from autonorm.codegen.environment import kernel_digest
 from autonorm.errors import AutonormError
 from autonorm.export import arch, export_from_db, render_export, write_export
+from autonorm.fallback import leaner_defaults
+from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.problem import Problem
@@ -223,3 +225,40 @@ def test_a_kernel_compiles_for_the_oldest_arch_it_claims(
     if below is not None and why in ("createpolicy", "bulk copy"):
         # The feature that sets the claim is what an older architecture refuses.
         assert _compile(source, below).returncode != 0
+
+
+# -- a default that spills on the kind ------------------------------------------------------------
+
+
+def test_an_export_takes_the_leaner_pick_where_nvcc_spills_the_default(
+    dbs: Path, tmp_path: Path
+) -> None:
+    """16-bit LayerNorm backward of 4096 for sm_80: nvcc 13.0 spills its default (32 bytes)."""
+    if 80 not in NVCC_ARCHS:
+        pytest.skip("nvcc is missing or has no sm_80")
+    backward = registry.get("layer_norm_backward")
+    problem = backward.problem(hidden=4096, dtype="bfloat16")
+    first = backward.default(problem, arch.KNOWN[80], 16384)
+    with pytest.warns(UserWarning, match="nothing is tuned"):
+        manifest = _manifest(export_from_db(4096, "bf16", tmp_path / "out", op=problem.op,
+                                            rows=16384, arch=80))
+    assert manifest["source"] == "default"
+    assert manifest["config"] != first.to_dict()
+    config = backward.config_from_dict(manifest["config"])
+    assert config in list(leaner_defaults(problem, arch.KNOWN[80], 16384, first))
+    notes = [note["message"] for note in manifest["notes"]]
+    assert any(f"the default {first.label()} spills" in note and "under nvcc for sm_80" in note
+               and f"exported {config.label()}" in note for note in notes), notes
+
+
+def test_without_nvcc_an_export_takes_the_default_as_it_is(
+    dbs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offline, "nvcc_path", lambda: None)
+    backward = registry.get("layer_norm_backward")
+    problem = backward.problem(hidden=4096, dtype="bfloat16")
+    with pytest.warns(UserWarning, match="nothing is tuned"):
+        manifest = _manifest(export_from_db(4096, "bf16", tmp_path / "out", op=problem.op,
+                                            rows=16384, arch=80))
+    assert manifest["config"] == backward.default(problem, arch.KNOWN[80], 16384).to_dict()
+    assert not any("spills" in note["message"] for note in manifest["notes"])

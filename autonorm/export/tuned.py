@@ -5,7 +5,8 @@ per database, the only device with a usable winner for the problem, or the one t
 recently. The limits of that device come from the database's devices table (an H200's when it
 is not recorded). An export for a kind of GPU (``arch``, a compute capability) takes only the
 winners of devices of that kind, and otherwise the default configuration for the kind's limits
-(:mod:`autonorm.export.arch`). What a reader of the export should know about that choice goes
+(:mod:`autonorm.export.arch`); where nvcc spills that default for the architecture, the leaner
+pick dispatch would run there. What a reader of the export should know about that choice goes
 into the manifest's notes.
 """
 
@@ -207,7 +208,7 @@ def choose_tuned(
     fallback = lookup.Device(fingerprint or "", recorded or H200)
     choice = lookup.choose(problem, rows, fallback, searched, devices=devices)
     if choice.winner is None:
-        return _default(choice, problem, fingerprint, fallback.limits, stale, arch)
+        return _default(choice, problem, fingerprint, fallback.limits, stale, arch, rows)
     winner = choice.winner
     store = next(s for s in searched if s.source == winner.source)
     recorded = store.device_limits(winner.key.device)
@@ -266,11 +267,13 @@ def kind_limits(stores: list[TuningDB], cc: int) -> DeviceLimits:
 
 def _default(
     choice: lookup.Choice, problem: Problem, fingerprint: str | None, limits: DeviceLimits,
-    stale: int, arch: int | None = None,
+    stale: int, arch: int | None = None, rows: int | None = None,
 ) -> TunedChoice:
     """Return the default configuration, with a warning note saying nothing was tuned.
 
     The note names the op: a problem's description alone does not tell RMSNorm from LayerNorm.
+    Where nvcc spills the default for the limits' architecture, the leaner pick dispatch would
+    run there is exported instead (:func:`_without_spills`).
     """
     version = registry.family_of(problem).code_version()
     op = type(problem).op
@@ -292,4 +295,42 @@ def _default(
             f"ignored {stale} winner(s) of this problem tuned with other autonorm versions: "
             "their configurations render other kernels now",
         ))
-    return TunedChoice(choice.config, "default", limits=limits, notes=tuple(notes))
+    config, spill_note = _without_spills(problem, rows, limits, choice.config)
+    if spill_note:
+        notes.append(("info", spill_note))
+    return TunedChoice(config, "default", limits=limits, notes=tuple(notes))
+
+
+def _without_spills(
+    problem: Problem, rows: int | None, limits: DeviceLimits, config: Config
+) -> tuple[Config, str | None]:
+    """Return ``config``, or the first leaner pick where nvcc spills it; and a note, if any.
+
+    On a GPU, dispatch trades a default whose kernel spills for the first leaner pick that does
+    not (:mod:`autonorm.fallback`). An export has no GPU to ask, so it asks nvcc for the
+    limits' architecture where nvcc is installed; without nvcc, or where nvcc fails, the
+    default goes out as it is.
+    """
+    from autonorm.errors import CompileError
+    from autonorm.fallback import leaner_defaults
+    from autonorm.runtime import offline
+
+    if offline.nvcc_path() is None:
+        return config, None
+    family = registry.family_of(problem)
+    try:
+        first = family.render(config, problem, limits)
+        report = offline.compile_offline([first], limits.arch)[first.name]
+        if not report.spills:
+            return config, None
+        picks = [(pick, family.render(pick, problem, limits))
+                 for pick in leaner_defaults(problem, limits, rows, config)]
+        reports = offline.compile_offline([k for _, k in picks], limits.arch) if picks else {}
+    except CompileError:
+        return config, None
+    spilled = (f"the default {config.label()} spills {report.spill_stores} bytes under nvcc "
+               f"for {limits.arch}")
+    for pick, kernel in picks:
+        if not reports[kernel.name].spills:
+            return pick, f"{spilled}: exported {pick.label()}, the leaner pick that does not"
+    return config, f"{spilled}, and so do its leaner picks: exported it as it is"
