@@ -1,24 +1,25 @@
 """Defaults that do not spill: what runs where a family's default spills on the GPU at hand.
 
 A family's default rule estimates each configuration's registers from a fit to one compiler
-and one architecture (nvcc 13.0, sm_90). Elsewhere the estimate can run short: compiled for
-their own architectures, the defaults of an A100, an L40S or a T4 spill in 16-bit LayerNorm
-backward at 4096-16384 elements (t512 kernels holding the row in registers, 24-172 bytes), and
-a B200's in 16-bit LayerNorm forward at 512-2048 (the 64-register smem kernels) and
-16384-65536 (bulk kernels at 128 registers), where sm_90's ptxas fits the same kernels
-(docs/families.md). A kernel that spills reads and writes local memory for every row, and the
-tuner's evaluator refuses it.
+and one architecture (nvcc 13.0, sm_90), and the fit runs short in places. Compiled for their
+own architectures, the defaults of an A100, an L40S or a T4 spill in 16-bit LayerNorm backward
+at 4096-16384 elements (512-thread kernels holding the row in registers, 24-172 bytes; sm_90's
+ptxas spills them too, but an H200's defaults there are bulk kernels); a B200's spill in 16-bit
+LayerNorm forward at 512-2048 (the smem kernels capped at 64 registers) and 16384-65536 (bulk
+kernels at 128 registers), which sm_90's ptxas fits; and an H200's own after the add at bf16
+32768 and 65536 (docs/families.md). A kernel that spills reads and writes local memory for
+every row, and the tuner's evaluator refuses it.
 
 So where the default's kernel spills, leaner picks are tried in turn. First the family's own
-(its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, which
-sm_90's ptxas keeps to and sm_100's spills under, or give a bulk kernel more stages, so that
-fewer blocks share an SM's registers). Then the default rule asked again for a
-register file of :data:`LEAN_REGISTER_SHARES` of the device's: it then keeps a margin under the
-registers it estimates and picks a kernel that holds less a thread (more threads, fewer blocks
-an SM, the row read again rather than held). Each pick is checked on the real device's limits
-and rendered for them; the first that does not spill runs. Dispatch asks with the compiled
-kernel's local memory (:func:`autonorm.dispatch.get_kernel`), the offline tests with ptxas's
-report (``tests/test_kinds_compile.py``).
+(its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, or give
+a bulk kernel more stages, so that fewer blocks share an SM's registers). Then the default
+rule asked again for a register file of :data:`LEAN_REGISTER_SHARES` of the device's: its
+estimates then keep a margin, and it picks a kernel that fits it (fewer threads an SM, each
+with more registers, or the row read again rather than held). Each pick is checked on the real
+device's limits and rendered for them; the first that does not spill runs. Dispatch asks with
+the compiled kernel's local memory (:func:`autonorm.dispatch.get_kernel`), an export with
+nvcc's report where nvcc is installed (:mod:`autonorm.export.tuned`), the offline tests with
+ptxas's (``tests/test_kinds_compile.py``).
 
 Pure logic: no CuPy, no GPU.
 """
