@@ -10,8 +10,9 @@ Under ``AUTONORM_NO_KEEP_X=1`` a configuration with an L2 hint on x (LayerNorm's
 is launched without it: the same arithmetic and bits, a kernel that leaves L2's priorities
 alone (docs/l2-hints.md).
 
-Where nothing is tuned and the default's kernel spills registers on this GPU, the first leaner
-default that does not (:mod:`autonorm.fallback`) runs instead.
+Where nothing is tuned and the default's kernel (or a neighbour's winner, carried over) spills
+registers on this GPU, the default or the first leaner pick that does not
+(:mod:`autonorm.fallback`) runs instead.
 
 Compiled kernels are cached in the process: a call with a known key is a dict lookup, with no
 database query and no compile.
@@ -104,7 +105,9 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
             limits = query_device(device_id).limits()
             rendered = family_of(problem).render(choice.config, problem, limits)
             kernel = compiler.compile_kernel(rendered, device_id)
-            if choice.source == "default" and compiler.local_bytes(kernel):
+            # No search measured a default or a neighbour's winner on this problem here.
+            unmeasured = choice.source == "default" or choice.source.endswith("-neighbour")
+            if unmeasured and compiler.local_bytes(kernel):
                 choice, kernel = _without_spills(problem, rows, limits, choice, kernel,
                                                  device_id)
             _CHOICES[key] = choice
@@ -115,25 +118,31 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
 def _without_spills(
     problem: Problem, rows: int, limits: Any, choice: Choice, kernel: Any, device_id: int
 ) -> tuple[Choice, Any]:
-    """Trade a default that spills on this GPU for the first leaner one that does not.
+    """Trade an unmeasured pick that spills on this GPU for the first lean default that does not.
 
     The default rule's register estimate is fitted to one compiler and architecture
-    (:mod:`autonorm.fallback`); where the kernel it picked uses local memory here, each leaner
-    pick is compiled in turn. If every one spills too (or fails to compile), the default stays.
+    (:mod:`autonorm.fallback`), and a neighbour's winner was measured on another problem: where
+    the kernel picked uses local memory here, the default (for a neighbour's) and then each
+    leaner pick are compiled in turn. If every one spills too (or fails to compile), the pick
+    stays.
     """
     from autonorm.errors import CompileError
     from autonorm.fallback import leaner_defaults
     from autonorm.ops.registry import family_of
     from autonorm.runtime import compiler
 
-    for config in leaner_defaults(problem, limits, rows, choice.config):
+    family = family_of(problem)
+    default = family.default(problem, limits, rows)
+    others = [] if default == choice.config else [default]
+    for config in [*others, *leaner_defaults(problem, limits, rows, default)]:
+        if config == choice.config:
+            continue
         try:
-            lean = compiler.compile_kernel(family_of(problem).render(config, problem, limits),
-                                           device_id)
+            lean = compiler.compile_kernel(family.render(config, problem, limits), device_id)
         except CompileError:
             continue
         if not compiler.local_bytes(lean):
-            return dataclasses.replace(choice, config=config), lean
+            return Choice(config, "default"), lean
     return choice, kernel
 
 

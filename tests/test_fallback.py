@@ -138,3 +138,27 @@ def test_dispatch_keeps_the_default_when_every_leaner_pick_spills(a100):
     kernel = dispatch.get_kernel(SPILLING, ROWS)
     assert kernel.rendered.config == first
     assert compiled == [first, *picks]
+
+
+def test_a_neighbours_winner_that_spills_gives_way_to_the_default(a100, tmp_path):
+    from autonorm import lookup
+    from autonorm.store.db import TuningDB, TuningKey
+
+    spills, compiled = a100
+    limits = A100.limits()
+    tuned = FORWARD.problem(hidden=4096, dtype="bfloat16")
+    problem = FORWARD.problem(hidden=5120, dtype="bfloat16")
+    winner = KernelConfig(512, 8, 1, "registers", "two_pass", 1, 0)
+    assert not FORWARD.check(winner, tuned, limits) and not FORWARD.check(winner, problem, limits)
+    with TuningDB(tmp_path / "user.db") as db:
+        db.record_device(A100)
+        db.set_winner(TuningKey.for_problem(A100.fingerprint, tuned, 8192), winner.to_dict(),
+                      {"median_us": 10.0}, lookup.kernel_of(winner, tuned, limits))
+    assert dispatch.choose_config(problem, 8192).source == "user-neighbour"
+    spills[winner] = 24
+    default = FORWARD.default(problem, limits, 8192)
+    assert default != winner
+    kernel = dispatch.get_kernel(problem, 8192)
+    assert compiled == [winner, default]
+    assert kernel.rendered.config == default
+    assert dispatch.chosen(problem, 8192) == lookup.Choice(default, "default")
