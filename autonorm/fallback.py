@@ -15,11 +15,12 @@ So where the default's kernel spills, leaner picks are tried in turn. First the 
 a bulk kernel more stages, so that fewer blocks share an SM's registers). Then the default
 rule asked again for a register file of :data:`LEAN_REGISTER_SHARES` of the device's: its
 estimates then keep a margin, and it picks a kernel that fits it (fewer threads an SM, each
-with more registers, or the row read again rather than held). Each pick is checked on the real
-device's limits and rendered for them; the first that does not spill runs. Dispatch asks with
-the compiled kernel's local memory (:func:`autonorm.dispatch.get_kernel`), an export with
-nvcc's report where nvcc is installed (:mod:`autonorm.export.tuned`), the offline tests with
-ptxas's (``tests/test_kinds_compile.py``).
+with more registers, or no prefetched row). A pick must keep the default's row cache: one that
+reads the row again instead of holding it ran several times slower than the spilling default.
+Each pick is checked on the real device's limits and rendered for them; the first that does
+not spill runs. Dispatch asks with the compiled kernel's local memory
+(:func:`autonorm.dispatch.get_kernel`), an export with nvcc's report where nvcc is installed
+(:mod:`autonorm.export.tuned`), the offline tests with ptxas's (``tests/test_kinds_compile.py``).
 
 Pure logic: no CuPy, no GPU.
 """
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LEAN_REGISTER_SHARES", "leaner_defaults"]
 
+# A pick keeps the default's row cache (``cache``). On the H200 the spilling backward defaults
+# of 16-bit odd rows (8-48 bytes of local memory, the row in registers) ran 2.4x-4.5x faster
+# than the spill-free picks that read the row again (bf16 9001: 248 us against 590; 7001: 204
+# against 786, RMSNorm 159 against 709), while a pick in the same place gained (fp32 7001 after
+# the add without its prefetched row: 341 us against 382) (docs/families.md).
+#
 # The shares of the register file the rule is asked for in turn. Three quarters fixed every
 # default that spilled in 16-bit LayerNorm backward on sm_75-sm_89 (nvcc 13.0); half is the
 # next step where it did not.
@@ -58,8 +65,8 @@ def leaner_defaults(
 
     Yields:
         Each new configuration, the family's ``leaner`` forms and then the default rule's for
-        :data:`LEAN_REGISTER_SHARES` of ``limits``'s registers, that the family's rules accept
-        on ``limits`` themselves.
+        :data:`LEAN_REGISTER_SHARES` of ``limits``'s registers, that keeps ``first``'s row
+        cache and that the family's rules accept on ``limits`` themselves.
 
     """
     family = family_of(problem)
@@ -76,5 +83,7 @@ def leaner_defaults(
             continue  # nothing fits the smaller file: the next share is smaller still
         if config in seen or family.check(config, problem, limits):
             continue
+        if getattr(config, "cache", None) != getattr(first, "cache", None):
+            continue  # another place for the row: a slower kernel, not a leaner one
         seen.add(config)
         yield config

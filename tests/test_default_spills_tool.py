@@ -55,9 +55,11 @@ def test_the_spilling_defaults_are_listed_and_fail_the_run(capsys):
     assert out[1] == f"by hidden size: 9001: {spilled}"
     kernels = [i for i, line in enumerate(out) if "spill stores" in line]
     assert len(kernels) == spilled
-    # Each with the leaner pick dispatch runs in its place (the row read again, not held).
+    # Each with what dispatch does about it: only a kernel that reads the row again fits, a
+    # slower kind of kernel, so the default stays.
     for i in kernels:
-        assert out[i + 1] == "    dispatch runs t512v1-none-accsmem-p1", out[i + 1]
+        assert out[i + 1] == ("    no leaner pick runs without spills: dispatch keeps the "
+                              "default"), out[i + 1]
     assert default_spills.main(["--ops", "layer_norm_backward", "--dtypes", "bf16", "--hidden",
                                 "4096", "--rows", "grid"]) == 0
     assert capsys.readouterr().out.startswith("0 of ")
