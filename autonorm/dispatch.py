@@ -132,7 +132,8 @@ def _without_spills(
     from autonorm.runtime import compiler
 
     family = family_of(problem)
-    default = family.default(problem, limits, rows)
+    default = (choice.config if choice.source == "default"
+               else family.default(problem, limits, rows))
     others = [] if default == choice.config else [default]
     for config in [*others, *leaner_defaults(problem, limits, rows, default)]:
         if config == choice.config:

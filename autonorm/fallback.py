@@ -28,7 +28,7 @@ Pure logic: no CuPy, no GPU.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from autonorm.errors import ConfigError
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from autonorm.ops.base import Config, Problem
     from autonorm.runtime.limits import DeviceLimits
 
-__all__ = ["LEAN_REGISTER_SHARES", "leaner_defaults"]
+__all__ = ["LEAN_REGISTER_SHARES", "leaner_defaults", "leaner_offline"]
 
 # A pick keeps the default's row cache (``cache``). On the H200 the spilling backward defaults
 # of 16-bit odd rows (8-48 bytes of local memory, the row in registers) ran 2.4x-4.5x faster
@@ -87,3 +87,29 @@ def leaner_defaults(
             continue  # another place for the row: a slower kernel, not a leaner one
         seen.add(config)
         yield config
+
+
+def leaner_offline(
+    spilling: Sequence[tuple[Problem, int | None, Config]], limits: DeviceLimits
+) -> list[Config | None]:
+    """Return, for each spilling (problem, rows, default), the pick that runs in its place.
+
+    Where dispatch asks the GPU's compiler, this asks nvcc for ``limits``'s architecture, every
+    pick of every default in one batch: the first of :func:`leaner_defaults` that compiles
+    without spills, or None where none does (the default then stays).
+
+    Raises:
+        autonorm.errors.CompileError: nvcc is missing or rejected a source.
+
+    """
+    from autonorm.runtime.offline import compile_offline
+
+    chains = []
+    for problem, rows, first in spilling:
+        family = family_of(problem)
+        chains.append([(config, family.render(config, problem, limits))
+                       for config in leaner_defaults(problem, limits, rows, first)])
+    kernels = [kernel for chain in chains for _, kernel in chain]
+    reports = compile_offline(kernels, limits.arch) if kernels else {}
+    return [next((config for config, kernel in chain if not reports[kernel.name].spills), None)
+            for chain in chains]

@@ -113,26 +113,17 @@ def defaults(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[s
 
 
 def leaner_runs(args: argparse.Namespace, spilling: list[Any]) -> dict[str, str | None]:
-    """For each spilling (kernel, rows), the label of the first leaner pick that does not spill.
+    """For each spilling (kernel, rows), the label of the pick dispatch runs in its place.
 
-    Dispatch runs that pick on a GPU where the default spills (:mod:`autonorm.fallback`); None
-    where every pick spills too (the default then stays).
+    None where no leaner pick keeps the row cache without spilling: the default then stays
+    (:mod:`autonorm.fallback`).
     """
-    from autonorm.fallback import leaner_defaults
-    from autonorm.ops import registry
-    from autonorm.runtime.offline import compile_offline
+    from autonorm.fallback import leaner_offline
 
-    chains = {}
-    for kernel, rows in spilling:
-        family = registry.family_of(kernel.problem)
-        chains[kernel.name] = [
-            family.render(config, kernel.problem, args.limits)
-            for config in leaner_defaults(kernel.problem, args.limits, rows, kernel.config)]
-    picks = [lean for chain in chains.values() for lean in chain]
-    reports = compile_offline(picks, args.limits.arch) if picks else {}
-    return {name: next((lean.config.label() for lean in chain if not reports[lean.name].spills),
-                       None)
-            for name, chain in chains.items()}
+    picks = leaner_offline([(kernel.problem, rows, kernel.config) for kernel, rows in spilling],
+                           args.limits)
+    return {kernel.name: pick.label() if pick else None
+            for (kernel, _), pick in zip(spilling, picks, strict=True)}
 
 
 def main(argv: list[str] | None = None) -> int:

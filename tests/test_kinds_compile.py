@@ -23,7 +23,7 @@ from test_export_arch import NVCC_ARCHS
 
 from autonorm.errors import ConfigError
 from autonorm.export.arch import KNOWN
-from autonorm.fallback import leaner_defaults
+from autonorm.fallback import leaner_offline
 from autonorm.ops import registry
 from autonorm.runtime.offline import compile_offline
 
@@ -101,18 +101,10 @@ def test_what_runs_untuned_does_not_spill(cc):
     kernels = defaults(limits)
     reports = compile_offline([entry[-1] for entry in kernels.values()], limits.arch)
     spilling = [entry for name, entry in kernels.items() if reports[name].spills]
-    chains = {
-        name: [(config, family.render(config, problem, limits))
-               for config in leaner_defaults(problem, limits, rows, first)]
-        for name, (family, problem, rows, first, _) in zip(
-            (entry[-1].name for entry in spilling), spilling, strict=True)
-    }
-    leaner = [kernel for chain in chains.values() for _, kernel in chain]
-    lean_reports = compile_offline(leaner, limits.arch) if leaner else {}
+    picks = leaner_offline([(problem, rows, first) for _, problem, rows, first, _ in spilling],
+                           limits)
     unsolved, solved = [], []
-    for family, problem, _, first, kernel in spilling:
-        runs = next((config for config, lean in chains[kernel.name]
-                     if not lean_reports[lean.name].spills), None)
+    for (family, problem, _, first, _), runs in zip(spilling, picks, strict=True):
         entry = (cc, family.op, problem.dtype, problem.hidden, first.label())
         if runs is None:
             unsolved.append(entry)

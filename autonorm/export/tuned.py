@@ -312,25 +312,21 @@ def _without_spills(
     default goes out as it is.
     """
     from autonorm.errors import CompileError
-    from autonorm.fallback import leaner_defaults
+    from autonorm.fallback import leaner_offline
     from autonorm.runtime import offline
 
     if offline.nvcc_path() is None:
         return config, None
-    family = registry.family_of(problem)
     try:
-        first = family.render(config, problem, limits)
+        first = registry.family_of(problem).render(config, problem, limits)
         report = offline.compile_offline([first], limits.arch)[first.name]
         if not report.spills:
             return config, None
-        picks = [(pick, family.render(pick, problem, limits))
-                 for pick in leaner_defaults(problem, limits, rows, config)]
-        reports = offline.compile_offline([k for _, k in picks], limits.arch) if picks else {}
+        (pick,) = leaner_offline([(problem, rows, config)], limits)
     except CompileError:
         return config, None
     spilled = (f"the default {config.label()} spills {report.spill_stores} bytes under nvcc "
                f"for {limits.arch}")
-    for pick, kernel in picks:
-        if not reports[kernel.name].spills:
-            return pick, f"{spilled}: exported {pick.label()}, the leaner pick that does not"
+    if pick is not None:
+        return pick, f"{spilled}: exported {pick.label()}, the leaner pick that does not"
     return config, f"{spilled}, and so do its leaner picks: exported it as it is"
