@@ -224,11 +224,12 @@ def worker_gpus(workers: int) -> list[int] | None:
 def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
           rows: Sequence[int], configs: Sequence[str], no_weight: bool, no_bias: bool,
           weight_offset: bool, residual: bool | None, default_op: str,
-          default_rows: Any) -> tuple[list[plan.ModelNorm], list[Shape]]:
-    """Read the model configs and expand the options into the plan's shapes.
+          default_rows: Any) -> tuple[list[plan.ModelNorm], list[Shape], list[Problem]]:
+    """Read the model configs and expand the options into the plan's shapes and problems.
 
     Raises:
         click.BadParameter: a config or option the plan cannot use (naming it).
+        click.UsageError: a shape whose op's problem cannot take it (:func:`_problems`).
     """
     op = ops[0] if ops else None  # (expand gives each norm every op of --op)
     try:
@@ -239,7 +240,7 @@ def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
                              residual=residual, default_op=default_op)
     except plan.PlanError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
-    return norms, shapes
+    return norms, shapes, _problems(shapes)
 
 
 def list_plan(
@@ -255,10 +256,10 @@ def list_plan(
     """
     from autonorm.runtime.device import NoGPUError, query_device
 
-    _, shapes = _plan(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
-                      no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
-                      residual=residual, default_op=default_op, default_rows=default_rows)
-    problems = _problems(shapes)
+    _, shapes, problems = _plan(
+        ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
+        no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset, residual=residual,
+        default_op=default_op, default_rows=default_rows)
     try:
         device = query_device()
     except NoGPUError:
@@ -317,10 +318,10 @@ def run_plan(
     from autonorm.errors import ConfigError
     from autonorm.runtime.device import NoGPUError, query_device
 
-    norms, shapes = _plan(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
-                          no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset,
-                          residual=residual, default_op=default_op, default_rows=default_rows)
-    problems = _problems(shapes)
+    norms, shapes, problems = _plan(
+        ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
+        no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset, residual=residual,
+        default_op=default_op, default_rows=default_rows)
     try:
         device = query_device()
     except NoGPUError as exc:
