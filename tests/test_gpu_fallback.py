@@ -66,3 +66,35 @@ def test_what_dispatch_runs_verifies_and_spills_only_where_it_must(
     verify = verify_backward if op.endswith("_backward") else verify_forward
     result = verify(kernel, problem)
     assert result.ok, result.summary()
+
+
+SPILLING = [s for s in SHAPES if s[0].endswith("_backward") and s[3] % 8]
+
+
+@pytest.mark.parametrize(("op", "form", "dtype", "hidden", "rows"), SPILLING,
+                         ids=[f"{s[0]}-{s[2]}-{s[3]}" for s in SPILLING])
+def test_the_tuner_times_a_default_that_spills(no_tuning, op, form, dtype, hidden, rows):
+    """The tuner's evaluator verifies and times a default that spills here, so it can defend.
+
+    Refused, it could not: the search would store a spill-free winner slower than the default
+    that dispatch ran before (2.4-4.5x at these shapes on the H200).
+    """
+    from autonorm.ops import registry
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
+    from autonorm.tune.evaluator import GpuEvaluator
+    from autonorm.tune.evaluator_process import close_evaluator
+
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype, **form)
+    default = family.default(problem, query_device().limits(), rows)
+    evaluator = GpuEvaluator(problem, rows)
+    try:
+        spilled = compiler.local_bytes(evaluator._compile(default))
+        outcome = evaluator.evaluate(default)
+    finally:
+        close_evaluator(evaluator)
+    if not spilled:
+        pytest.skip(f"{default.label()} does not spill on this GPU")
+    assert outcome.ok, outcome.error
+    assert outcome.timing.median_us > 0

@@ -289,6 +289,10 @@ class CompiledEmulation(EmulatedKernel):
     attributes: ClassVar[dict[str, int]] = {}  # no local memory: nothing spills
 
 
+class SpillingEmulation(EmulatedKernel):
+    attributes: ClassVar[dict[str, int]] = {"local_size_bytes": 48}  # spills, as ptxas reports
+
+
 class EmulatedWorkload:
     """LayerNorm's verification on the CPU; launches only record which kernel was timed."""
 
@@ -329,9 +333,10 @@ def test_the_evaluator_times_only_kernels_that_verify(monkeypatch):
         H200.name, H200.cc, H200.sm_count, H200.l2_bytes, H200.max_smem_optin, 6144, 3201000))
     monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda device_id=0: 4000.0)
 
-    def compile_kernel(rendered: Any, device_id: int, abi: KernelABI) -> CompiledEmulation:
+    def compile_kernel(rendered: Any, device_id: int, abi: KernelABI) -> EmulatedKernel:
         config = rendered.config
-        return CompiledEmulation(rendered.problem, config.fault, cluster=config.cluster, vec=8)
+        kind = SpillingEmulation if config.cluster == 2 else CompiledEmulation
+        return kind(rendered.problem, config.fault, cluster=config.cluster, vec=8)
 
     def time_launches(launch: Any, nbytes: int, n_sets: int, **kw: Any) -> Timing:
         launch(0, 0)
@@ -351,6 +356,14 @@ def test_the_evaluator_times_only_kernels_that_verify(monkeypatch):
             assert "step-c4:" in bad.error and bad.max_rel_err > 0.1, bad
         unwritten = evaluator.evaluate(Emulation("unwritten", 1))
         assert unwritten.status == "verification" and "unwritten" in unwritten.error
-        assert evaluator.workload.timed == ["none-c4"]  # the broken ones never reached the timer
+        # A kernel with local memory is verified and timed like any other: the timing, not
+        # the spill, decides (a spilling default can beat every spill-free kernel).
+        spilling = evaluator.evaluate(Emulation("none", 2))
+        assert compiler.local_bytes(evaluator._compile(Emulation("none", 2))) == 48
+        assert spilling.ok and spilling.timing.median_us == 10.0, spilling
+        broken = evaluator.evaluate(Emulation(MERGE_FAULTS[0], 2))
+        assert broken.status == "verification" and broken.timing is None, broken
+        # The broken ones never reached the timer.
+        assert evaluator.workload.timed == ["none-c4", "none-c2"]
     finally:
         registry.unregister("emulated_layer_norm")

@@ -165,9 +165,10 @@ class GpuEvaluator:
             return Outcome("invalid", error=str(exc))
         except CompileError as exc:
             return Outcome("compile", error=str(exc)[-2000:])
-        local = compiler.local_bytes(kernel)
-        if local:
-            return Outcome("compile", error=f"uses {local} bytes of local memory (spills)")
+        # A kernel with local memory (a spill) is verified and timed like any other: on the
+        # H200, spilling 16-bit backward defaults at odd sizes ran 2.4-4.5x faster than the
+        # spill-free kernels that read the row again (docs/registers.md), so only the timing
+        # may turn one away.
         try:
             result = self.workload.verify(kernel)
         except LaunchError as exc:

@@ -1,8 +1,9 @@
 """The register rules of the row kernel: row-cache limits, the spills ptxas reports, the cap.
 
-A kernel that spills is rejected at run time anyway; these rules keep the search from spending
-trials on kernels that would. Each limit was fitted to ptxas reports of rendered kernels (nvcc
-13.0, sm_90) and matches exactly the kernels that spilled in its sweep (docs/registers.md).
+A kernel that spills is usually slower; these rules keep the search from spending trials on kernels
+that would (one that spills all the same is timed like any other). Each limit was fitted to ptxas
+reports of rendered kernels (nvcc 13.0, sm_90) and matches exactly the kernels that spilled in its
+sweep (docs/registers.md).
 :func:`autonorm.ops.layer_norm.rules.check` calls :func:`register_reasons` and, for a capped
 configuration that passes every other rule, :func:`max_regs_reasons`.
 """
