@@ -244,3 +244,19 @@ def test_keep_x_writes_the_same_bits_in_the_fwd_kernel(config, hidden, dtype) ->
     kernel, x, w, b, rows = _setup(config, hidden, dtype, rows=1000 * config.rows_per_block + 3)
     plain = _run(kernel, x, w, b, rows, work_ptr=0)
     assert _same_bits(_run(compiler.compile_kernel(rendered), x, w, b, rows, work_ptr=0), plain)
+
+
+
+def test_a_whole_gpu_gives_its_kernels_every_sm() -> None:
+    # The driver's answer for the context (cuCtxGetExecAffinity, read through ctypes) must be
+    # read right: without MPS a context may use every SM, or the driver cannot say.
+    from autonorm.ops import layer_norm as codegen
+    from autonorm.runtime import compiler, driver
+    from autonorm.runtime.device import query_device
+
+    config, hidden, dtype = CASES[0]
+    info = query_device(0)
+    kernel = compiler.compile_kernel(codegen.render(config, Problem(hidden, dtype)))
+    assert driver.context_sm_count() in (None, info.sm_count)
+    assert compiler.usable_sms(0, info.sm_count) == info.sm_count
+    assert kernel.grid(10**6) == kernel.resident_clusters  # blocks: no cluster here

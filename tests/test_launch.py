@@ -203,6 +203,48 @@ def test_a_context_error_falls_back_to_cupy_and_others_raise(
         other.launch((*PTRS, 5, 1e-5), 0)
 
 
+class FakeAffinityDriver:
+    """The driver library's ``cuCtxGetExecAffinity``: writes an SM count, returns ``code``."""
+
+    def __init__(self, sms: int, code: int = 0) -> None:
+        self.sms, self.code = sms, code
+
+    def cuCtxGetExecAffinity(self, param: Any, kind: int) -> int:  # noqa: N802 - the C name
+        assert kind == 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
+        param._obj.sm_count = self.sms  # noqa: SLF001 - ctypes.byref's referent
+        return self.code
+
+
+@pytest.mark.parametrize(("lib", "expected"), [
+    (FakeAffinityDriver(66), 66),  # an MPS client at half the SMs
+    (FakeAffinityDriver(132), 132),
+    (FakeAffinityDriver(66, code=801), None),  # not supported: the driver cannot say
+    (FakeAffinityDriver(0), None),
+    (object(), None),  # a driver without the call
+    (None, None),  # no driver
+])
+def test_the_context_sm_count_is_the_drivers_or_unknown(monkeypatch, lib, expected) -> None:  # noqa: ANN001
+    monkeypatch.setattr(driver, "driver_library", lambda: lib)
+    assert driver.context_sm_count() == expected
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(66, 66), (200, 132), (None, 132)])
+def test_a_grid_barrier_counts_only_the_sms_its_context_may_use(monkeypatch, limit, expected) -> None:  # noqa: ANN001, E501
+    # Under MPS a block past the client's SMs finds none free until the launch ends, which it
+    # cannot while the resident blocks wait for it at the barrier: the grid must fit the SMs
+    # the context has.
+    monkeypatch.setattr(compiler, "context_sm_count", lambda: limit)
+    compiler.usable_sms.cache_clear()
+    try:
+        sms = compiler.usable_sms(0, SM_COUNT)
+    finally:
+        compiler.usable_sms.cache_clear()
+    assert sms == expected
+    plan = dataclasses.replace(render(BULK, Problem(16384, "bfloat16")).launch, barrier=True,
+                               blocks_per_sm=2)
+    assert plan.grid(10**6, sms) == 2 * expected
+
+
 # --------------------------------------------------------------------------- the evaluator
 
 

@@ -15,6 +15,7 @@ as one tuple in the kernel's order.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.driver import (
     _RETRY_WITH_CUPY,
     _DriverLauncher,
+    context_sm_count,
     resident_clusters,
     wrap_stream,
 )
@@ -235,10 +237,22 @@ def compile_kernel(
         static = raw.attributes.get("shared_size_bytes", 0)
         if rendered.launch.smem_bytes + static > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
+        device = cupy.cuda.runtime.getDevice()
         return CompiledKernel(
-            rendered, raw.kernel, info.sm_count, abi=abi, attributes=raw.attributes,
-            device_id=cupy.cuda.runtime.getDevice(),
+            rendered, raw.kernel, usable_sms(device, info.sm_count), abi=abi,
+            attributes=raw.attributes, device_id=device,
         )
+
+
+@functools.lru_cache(maxsize=16)
+def usable_sms(device_id: int, sm_count: int) -> int:
+    """The SMs a grid may count on for ``device_id``: ``sm_count``, or fewer under MPS.
+
+    Asked of the driver once for each device with its context current (the device's SM count
+    where the driver cannot say, or says more).
+    """
+    limit = context_sm_count()
+    return min(sm_count, limit) if limit else sm_count
 
 
 def _warm_one(source: str, options: tuple[str, ...], name: str) -> str | None:

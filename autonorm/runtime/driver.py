@@ -157,6 +157,31 @@ def driver_library() -> Any:
     return _DriverLauncher._cuda if _DriverLauncher._driver() else None  # noqa: SLF001
 
 
+class _ExecAffinityParam(ctypes.Structure):
+    """CUDA's ``CUexecAffinityParam`` with its SM-count member (the union's only one)."""
+
+    _fields_ = [("type", ctypes.c_int), ("sm_count", ctypes.c_uint)]
+
+
+_EXEC_AFFINITY_SM_COUNT = 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
+
+
+def context_sm_count() -> int | None:
+    """SMs the current CUDA context may run on, or None where the driver cannot say.
+
+    An MPS client with a reduced active-thread percentage runs on fewer SMs than the device
+    has. A kernel whose blocks wait for each other at a grid barrier must size its grid to
+    these, or the blocks that find no SM never arrive and the launch hangs.
+    """
+    lib = driver_library()
+    query = getattr(lib, "cuCtxGetExecAffinity", None) if lib else None
+    if query is None:
+        return None
+    param = _ExecAffinityParam(_EXEC_AFFINITY_SM_COUNT, 0)
+    code = query(ctypes.byref(param), _EXEC_AFFINITY_SM_COUNT)
+    return int(param.sm_count) if code == 0 and param.sm_count > 0 else None
+
+
 class _LaunchConfig(ctypes.Structure):
     """CUDA's ``CUlaunchConfig`` (CUDA 12+), for the occupancy query of cluster kernels."""
 
