@@ -148,6 +148,12 @@ class BackwardFamily:
         """Return the parameter list of every backward kernel."""
         return KERNEL_ABI
 
+    def export_manifest(self, kernel: Any, basename: str) -> dict[str, Any]:
+        """Return the manifest's ``how_to_launch``: an export has no host launcher (yet)."""
+        from autonorm.ops.norm_backward.contract import how_to_launch
+
+        return {"how_to_launch": how_to_launch(kernel.problem, kernel.launch)}
+
     def workload(
         self, problem: BackwardProblem, rows: int, *, device_id: int = 0, seed: int = 0
     ) -> Any:

@@ -1,0 +1,76 @@
+"""How to launch an exported backward kernel: the manifest's ``how_to_launch``.
+
+A backward export is the kernel's source and its manifest, without a host launcher. The kernel's
+blocks meet at a grid barrier, so a caller that launches more of them than can be resident at
+once hangs the GPU; the manifest therefore spells out what the runtime does in process
+(:meth:`autonorm.codegen.kernel.LaunchPlan.grid`, :mod:`.workload`): the parameters, the grid
+rule with this kernel's numbers, and the two buffers a launch needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The kernel's parameters in order (KERNEL_ABI), each with what the caller passes.
+PARAMETERS = (
+    ("x", "the forward's input (after a residual add: the returned h), rows x hidden"),
+    ("dy", "the gradient of the forward's output, rows x hidden"),
+    ("weight", "the weight (hidden), or null without one"),
+    ("dx", "out: the input's gradient in x's dtype, rows x hidden (after an add, h's too)"),
+    ("dweight", "out: the weight's gradient in x's dtype (hidden), or null without a weight"),
+    ("dbias", "out: the bias's gradient in x's dtype (hidden), or null without a bias"),
+    ("partials", "fp32 scratch of partials_floats elements"),
+    ("dh", "after a residual add the returned h's gradient, added to dx; else null"),
+    ("rows", "int: the rows of x"),
+    ("eps", "float: the forward's eps"),
+    ("counter", "unsigned*: the grid barrier's counter (see counter)"),
+)
+
+
+def grid_rule(plan: Any) -> str:
+    """Return the grid of ``plan`` (a barrier plan) in words, with its numbers."""
+    if plan.single:
+        return f"always {plan.cluster} blocks: one cluster, whatever the rows"
+    unit = "blocks" if plan.cluster == 1 else f"clusters of {plan.cluster} blocks"
+    cap = f"SMs * {max(plan.blocks_per_sm, 1)}" + (
+        f" / {plan.cluster}" if plan.cluster > 1 else "")
+    tiles = f"ceil(rows / {plan.rows_per_block})"
+    more = (f"max({tiles}, min(rows, {plan.spread_rows}), {-(-plan.reduce_tiles // plan.cluster)})"
+            if plan.reduce_tiles or plan.spread_rows else tiles)
+    query = ("cudaOccupancyMaxActiveClusters" if plan.cluster > 1
+             else "cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs")
+    return (
+        f"{unit}: min(T, max(1, R)) with T = {tiles} for one row and {more} for more, and R "
+        f"the fewer of {cap} and what the CUDA occupancy API says can be resident at once "
+        f"({query}); SMs are those the context may use (fewer for an MPS client with a reduced "
+        "active-thread percentage). Never more: the blocks wait for each other at a grid "
+        "barrier, and a block that cannot be resident never arrives"
+    )
+
+
+def how_to_launch(problem: Any, plan: Any) -> dict[str, Any]:
+    """Return the manifest's ``how_to_launch`` of a backward kernel of ``problem``."""
+    return {
+        "launcher": None,
+        "parameters": [{"name": name, "pass": what} for name, what in PARAMETERS],
+        "block_threads": plan.threads,
+        "cluster_blocks": plan.cluster,
+        "dynamic_smem_bytes": plan.smem_bytes,
+        "grid": grid_rule(plan),
+        "grid_terms": {
+            "single": plan.single,
+            "rows_per_cluster": plan.rows_per_block,
+            "spread_rows": plan.spread_rows,
+            "least_clusters_past_one_row": -(-plan.reduce_tiles // plan.cluster),
+            "blocks_per_sm": max(plan.blocks_per_sm, 1),
+        },
+        "partials_floats": (
+            f"max(1, min(rows, clusters) * {problem.sums * problem.hidden}, "
+            f"{4 if problem.sums else 0} * rows), clusters being the grid's (blocks without a "
+            "cluster)"
+        ),
+        "counter": (
+            "one unsigned int in global memory, zero before the first launch; each launch "
+            "leaves it zero. Launches that may run at once (on other streams) need one each"
+        ),
+    }
