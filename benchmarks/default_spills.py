@@ -5,14 +5,15 @@ Run from the repository root on any machine with nvcc::
     python benchmarks/default_spills.py --ops layer_norm_backward,rms_norm_backward \\
         --hidden 1001,4001,7001,10001,12001 --rows grid,64
 
-For every form of each op (the weight and bias flags, the weight offset, the fused add), every
-dtype of ``--dtypes``, each hidden size and row count, the family's default for the GPU kind of
-``--arch`` (an H200's limits for sm_90) is rendered, and the distinct kernels are compiled in one
-batch (``autonorm.runtime.offline``): ``ptxas -v`` gives each one's registers and spills. The
-evaluator refuses a kernel that spills (docs/registers.md), so a default that spills is one the
-tuner would not run. Prints the count of kernels and launches that spill, then each spilling
-kernel with its registers, spill bytes and the shapes that take it, and the leaner pick that
-dispatch runs in its place (:mod:`autonorm.fallback`), compiled the same way.
+For every form of each op (the weight and bias flags, the weight offset, the fused add), every dtype
+of ``--dtypes``, each hidden size and row count, the family's default for the GPU kind of ``--arch``
+(an H200's limits for sm_90) is rendered, and the distinct kernels are compiled in one batch
+(``autonorm.runtime.offline``): ``ptxas -v`` gives each one's registers and spills. A spill reads
+and writes local memory on every use (docs/registers.md); the tuner times such a kernel like any
+other, but dispatch of an untuned shape has no timing to go by. Prints the count of kernels and
+launches that spill, then each spilling kernel with its registers, spill bytes and the shapes that
+take it, and the leaner pick that dispatch runs in its place (:mod:`autonorm.fallback`), compiled
+the same way.
 """
 
 from __future__ import annotations
