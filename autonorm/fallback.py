@@ -8,7 +8,8 @@ ptxas spills them too, but an H200's defaults there are bulk kernels); a B200's 
 LayerNorm forward at 512-2048 (the smem kernels capped at 64 registers) and 16384-65536 (bulk
 kernels at 128 registers), which sm_90's ptxas fits; and an H200's own after the add at bf16
 32768 and 65536 (docs/families.md). A kernel that spills reads and writes local memory for
-every row, and the tuner's evaluator refuses it.
+every row; the tuner times it like any other, but dispatch of an untuned shape has no timing to
+go by.
 
 So where the default's kernel spills, leaner picks are tried in turn. First the family's own
 (its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, or give
