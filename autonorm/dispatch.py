@@ -134,10 +134,9 @@ def _without_spills(
     family = family_of(problem)
     default = (choice.config if choice.source == "default"
                else family.default(problem, limits, rows))
-    others = [] if default == choice.config else [default]
-    for config in [*others, *leaner_defaults(problem, limits, rows, default)]:
+    for config in [default, *leaner_defaults(problem, limits, rows, default)]:
         if config == choice.config:
-            continue
+            continue  # the pick that spilled (the default itself, where it was the pick)
         try:
             lean = compiler.compile_kernel(family.render(config, problem, limits), device_id)
         except CompileError:

@@ -27,16 +27,27 @@ PARAMETERS = (
 )
 
 
+def grid_terms(plan: Any) -> dict[str, Any]:
+    """Return the numbers of ``plan``'s grid rule (a barrier plan), as the manifest gives them."""
+    return {
+        "single": plan.single,
+        "rows_per_cluster": plan.rows_per_block,
+        "spread_rows": plan.spread_rows,
+        "least_clusters_past_one_row": -(-plan.reduce_tiles // plan.cluster),
+        "blocks_per_sm": max(plan.blocks_per_sm, 1),
+    }
+
+
 def grid_rule(plan: Any) -> str:
-    """Return the grid of ``plan`` (a barrier plan) in words, with its numbers."""
+    """Return the grid of ``plan`` (a barrier plan) in words, with :func:`grid_terms`' numbers."""
     if plan.single:
         return f"always {plan.cluster} blocks: one cluster, whatever the rows"
+    terms = grid_terms(plan)
     unit = "blocks" if plan.cluster == 1 else f"clusters of {plan.cluster} blocks"
-    cap = f"SMs * {max(plan.blocks_per_sm, 1)}" + (
-        f" / {plan.cluster}" if plan.cluster > 1 else "")
-    tiles = f"ceil(rows / {plan.rows_per_block})"
-    more = (f"max({tiles}, min(rows, {plan.spread_rows}), {-(-plan.reduce_tiles // plan.cluster)})"
-            if plan.reduce_tiles or plan.spread_rows else tiles)
+    cap = f"SMs * {terms['blocks_per_sm']}" + (f" / {plan.cluster}" if plan.cluster > 1 else "")
+    tiles = f"ceil(rows / {terms['rows_per_cluster']})"
+    more = (f"max({tiles}, min(rows, {terms['spread_rows']}), "
+            f"{terms['least_clusters_past_one_row']})")
     query = ("cudaOccupancyMaxActiveClusters" if plan.cluster > 1
              else "cudaOccupancyMaxActiveBlocksPerMultiprocessor x SMs")
     return (
@@ -57,13 +68,7 @@ def how_to_launch(problem: Any, plan: Any) -> dict[str, Any]:
         "cluster_blocks": plan.cluster,
         "dynamic_smem_bytes": plan.smem_bytes,
         "grid": grid_rule(plan),
-        "grid_terms": {
-            "single": plan.single,
-            "rows_per_cluster": plan.rows_per_block,
-            "spread_rows": plan.spread_rows,
-            "least_clusters_past_one_row": -(-plan.reduce_tiles // plan.cluster),
-            "blocks_per_sm": max(plan.blocks_per_sm, 1),
-        },
+        "grid_terms": grid_terms(plan),
         "partials_floats": (
             f"max(1, min(rows, clusters) * {problem.sums * problem.hidden}, "
             f"{4 if problem.sums else 0} * rows), clusters being the grid's (blocks without a "
