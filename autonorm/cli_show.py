@@ -151,6 +151,9 @@ def describe_export(manifest: dict[str, Any]) -> str:
     extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
              f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the header)"
              if manifest.get("workspace_bytes") else "")
+    if manifest.get("function_workspace_bytes"):
+        extra = (f"; {manifest['function_workspace_bytes']}() gives the bytes of workspace it "
+                 "takes (see the header)")
     target = manifest["target"]
     least = target["min_compute_capability"]
     # A family without a host launcher exports its kernel alone: name the kernel then.

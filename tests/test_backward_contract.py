@@ -1,9 +1,10 @@
 """CPU: the manifest of an exported backward kernel says how to launch it without hanging.
 
-A backward export has no host launcher, and its blocks meet at a grid barrier: a caller who
-launches more than can be resident hangs the GPU. The manifest's ``how_to_launch`` names the
-parameters in the kernel's order and gives the grid rule in words and in numbers, which must
-give the runtime's own grid (``LaunchPlan.grid``) at every row count.
+A backward kernel's blocks meet at a grid barrier: a caller who launches it from code of their
+own, not through the exported launcher, and launches more blocks than can be resident hangs the
+GPU. The manifest's ``how_to_launch`` names the parameters in the kernel's order and gives the
+grid rule in words and in numbers, which must give the runtime's own grid (``LaunchPlan.grid``)
+at every row count.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ SHAPES = [
     ("layer_norm_backward", {"residual": True}, "float32", 1024, 1),
     ("layer_norm_backward", {}, "float32", 4096, 8),
     ("rms_norm_backward", {}, "float16", 3001, 64),
+    # No weight: no column sums, no barrier.
+    ("rms_norm_backward", {"has_weight": False}, "bfloat16", 4096, 4096),
 ]
 
 
@@ -31,10 +34,12 @@ def grid_from_terms(terms: dict, cluster: int, rows: int, sms: int, resident: in
     if terms["single"]:
         return cluster
     tiles = -(-rows // terms["rows_per_cluster"])
-    if rows > 1:
-        tiles = max(tiles, min(rows, terms["spread_rows"]),
-                    terms["least_clusters_past_one_row"])
-    cap = min(resident, sms * terms["blocks_per_sm"] // cluster)
+    cap = resident
+    if terms["barrier"]:
+        if rows > 1:
+            tiles = max(tiles, min(rows, terms["spread_rows"]),
+                        terms["least_clusters_past_one_row"])
+        cap = min(resident, sms * terms["blocks_per_sm"] // cluster)
     return min(tiles, max(1, cap)) * cluster
 
 
@@ -45,7 +50,7 @@ def test_the_manifest_gives_the_runtimes_grid(op, form, dtype, hidden, rows) -> 
     exported = render_export(family.default(problem, H200, rows), problem, device=H200)
     how = exported.manifest["how_to_launch"]
     plan = exported.kernel.launch
-    assert how["launcher"] is None
+    assert how["launcher"] == exported.manifest["function"]
     assert (how["block_threads"], how["cluster_blocks"], how["dynamic_smem_bytes"]) == (
         plan.threads, plan.cluster, plan.smem_bytes)
     for sms in (132, 66, 7):
@@ -59,7 +64,7 @@ def test_the_manifest_gives_the_runtimes_grid(op, form, dtype, hidden, rows) -> 
         assert how["grid"].startswith(f"always {plan.cluster} blocks")
     else:
         assert f"ceil(rows / {plan.rows_per_block})" in how["grid"]
-        assert "never arrives" in how["grid"]
+        assert ("never arrives" in how["grid"]) == plan.barrier
 
 
 def test_the_parameters_are_the_kernels_in_order() -> None:
@@ -71,3 +76,18 @@ def test_the_parameters_are_the_kernels_in_order() -> None:
     declared = re.findall(r"(\w+)\s*(?:,|$)", signature.replace("\n", " "))
     assert names == declared
     assert len(names) == len(KERNEL_ABI.params) + 1  # the counter: the workspace pointer
+
+
+@pytest.mark.parametrize(("op", "form", "dtype", "hidden", "rows"), SHAPES)
+def test_the_manifest_sizes_the_partials_as_the_runtime(op, form, dtype, hidden, rows) -> None:  # noqa: ANN001
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype, **form)
+    exported = render_export(family.default(problem, H200, rows), problem, device=H200)
+    rule = exported.manifest["how_to_launch"]["partials_floats"]
+    found = re.fullmatch(r"max\(1, min\(rows, clusters\) \* (\d+), (\d+) \* rows\), .*", rule)
+    assert found, rule
+    per_row, stats = map(int, found.groups())
+    for n in (1, 2, 17, 4096):
+        for clusters in (1, 3, 132, 1056):
+            assert max(1, min(n, clusters) * per_row, stats * n) == problem.partial_floats(
+                n, clusters), (n, clusters)

@@ -46,9 +46,10 @@ def test_export_a_backward_kernel(env: Path) -> None:  # noqa: F811
     status, stdout, stderr = invoke(["export", "--op", "rms_norm_backward", "--hidden", "4096",
                                      "-o", str(env / "out")])
     assert status == 0, stdout + stderr
-    source = (env / "out" / "autonorm_rms_norm_backward_bf16_h4096.cu").read_text()
+    source = (env / "out" / "autonorm_rms_bwd_bf16_h4096.cu").read_text()
     assert "RMSNorm backward" in source
-    assert "autonorm_rms_bwd_" in stderr + stdout
+    assert "autonorm_rms_bwd_bf16_h4096_backward()" in stderr
+    assert "autonorm_rms_bwd_bf16_h4096_workspace_bytes()" in stderr
 
 
 def test_export_and_render_take_backward_as_tune_does(env: Path) -> None:  # noqa: F811
@@ -58,7 +59,7 @@ def test_export_and_render_take_backward_as_tune_does(env: Path) -> None:  # noq
     status, named, _ = invoke(["export", "--op", "rms_norm_backward", "--hidden", "4096", "-o",
                                str(env / "named")])
     assert status == 0
-    cu = "autonorm_rms_norm_backward_bf16_h4096.cu"
+    cu = "autonorm_rms_bwd_bf16_h4096.cu"
     assert (env / "flag" / cu).read_text() == (env / "named" / cu).read_text()
     status, flagged, _ = invoke(["render", "--backward", "--hidden", "1000", "--dtype", "fp16"])
     assert status == 0 and "LayerNorm backward" in flagged

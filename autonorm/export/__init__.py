@@ -1,7 +1,8 @@
 """Export a tuned kernel as standalone CUDA C++: its source, its family's files and a manifest.
 
-A LayerNorm or RMSNorm export is ``<basename>.cu`` (the kernel, then a host launcher),
-``<basename>.h`` and ``<basename>.json``; it needs only the CUDA runtime, no Python or autonorm.
+A LayerNorm or RMSNorm export, forward or backward, is ``<basename>.cu`` (the kernel, then a
+host launcher), ``<basename>.h`` and ``<basename>.json``; it needs only the CUDA runtime, no
+Python or autonorm.
 :mod:`.files` renders and writes the files of a given configuration; :mod:`.tuned` picks the
 configuration from the tuning databases (the winner :mod:`autonorm.lookup` picks, or the
 family's default).

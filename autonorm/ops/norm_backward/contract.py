@@ -1,8 +1,9 @@
 """How to launch an exported backward kernel: the manifest's ``how_to_launch``.
 
-A backward export is the kernel's source and its manifest, without a host launcher. The kernel's
-blocks meet at a grid barrier, so a caller that launches more of them than can be resident at
-once hangs the GPU; the manifest therefore spells out what the runtime does in process
+A backward export holds the kernel and a host launcher (:mod:`.launcher`) that launches it as
+the runtime does in process. A caller who launches the kernel from code of their own needs the
+same rules: the kernel's blocks meet at a grid barrier, so launching more of them than can be
+resident at once hangs the GPU. The manifest therefore spells out what the runtime does
 (:meth:`autonorm.codegen.kernel.LaunchPlan.grid`, :mod:`.workload`): the parameters, the grid
 rule with this kernel's numbers, and the two buffers a launch needs.
 """
@@ -31,6 +32,7 @@ def grid_terms(plan: Any) -> dict[str, Any]:
     """Return the numbers of ``plan``'s grid rule (a barrier plan), as the manifest gives them."""
     return {
         "single": plan.single,
+        "barrier": plan.barrier,
         "rows_per_cluster": plan.rows_per_block,
         "spread_rows": plan.spread_rows,
         "least_clusters_past_one_row": -(-plan.reduce_tiles // plan.cluster),
@@ -46,6 +48,12 @@ def grid_rule(plan: Any) -> str:
     unit = "blocks" if plan.cluster == 1 else f"clusters of {plan.cluster} blocks"
     cap = f"SMs * {terms['blocks_per_sm']}" + (f" / {plan.cluster}" if plan.cluster > 1 else "")
     tiles = f"ceil(rows / {terms['rows_per_cluster']})"
+    if not plan.barrier:
+        # No column sums: no barrier, and a persistent grid that strides over the rows.
+        return (
+            f"{unit}: min({tiles}, max(1, R)), R being what the CUDA occupancy API says can be "
+            f"resident at once ({cap} where it cannot tell); they stride over the rows"
+        )
     more = (f"max({tiles}, min(rows, {terms['spread_rows']}), "
             f"{terms['least_clusters_past_one_row']})")
     query = ("cudaOccupancyMaxActiveClusters" if plan.cluster > 1
@@ -59,10 +67,16 @@ def grid_rule(plan: Any) -> str:
     )
 
 
-def how_to_launch(problem: Any, plan: Any) -> dict[str, Any]:
-    """Return the manifest's ``how_to_launch`` of a backward kernel of ``problem``."""
+def how_to_launch(problem: Any, plan: Any, launcher: str) -> dict[str, Any]:
+    """Return the manifest's ``how_to_launch`` of a backward kernel of ``problem``.
+
+    Args:
+        problem: what the kernel computes.
+        plan: its launch plan.
+        launcher: the exported host function that launches it as the runtime does.
+    """
     return {
-        "launcher": None,
+        "launcher": launcher,
         "parameters": [{"name": name, "pass": what} for name, what in PARAMETERS],
         "block_threads": plan.threads,
         "cluster_blocks": plan.cluster,

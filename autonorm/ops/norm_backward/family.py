@@ -148,11 +148,26 @@ class BackwardFamily:
         """Return the parameter list of every backward kernel."""
         return KERNEL_ABI
 
+    def export_basename(self, problem: BackwardProblem) -> str:
+        """Return the default file stem of an export, e.g. ``autonorm_ln_bwd_bf16_h16384``."""
+        from autonorm.ops.norm_backward import launcher
+
+        return launcher.default_basename(problem)
+
+    def export_files(self, kernel: Any, basename: str) -> dict[str, str]:
+        """Return the exported ``.cu`` (kernel and host launcher) and ``.h``, by file name."""
+        from autonorm.ops.norm_backward import launcher
+
+        return launcher.launcher_files(kernel, basename)
+
     def export_manifest(self, kernel: Any, basename: str) -> dict[str, Any]:
-        """Return the manifest's ``how_to_launch``: an export has no host launcher (yet)."""
+        """Return the manifest entries of the launcher, and ``how_to_launch`` the kernel alone."""
+        from autonorm.ops.norm_backward import launcher
         from autonorm.ops.norm_backward.contract import how_to_launch
 
-        return {"how_to_launch": how_to_launch(kernel.problem, kernel.launch)}
+        entries = launcher.manifest_entries(basename, kernel.problem)
+        return {**entries, "how_to_launch": how_to_launch(kernel.problem, kernel.launch,
+                                                          entries["function"])}
 
     def workload(
         self, problem: BackwardProblem, rows: int, *, device_id: int = 0, seed: int = 0
