@@ -260,3 +260,47 @@ def test_a_whole_gpu_gives_its_kernels_every_sm() -> None:
     assert driver.context_sm_count() in (None, info.sm_count)
     assert compiler.usable_sms(0, info.sm_count) == info.sm_count
     assert kernel.grid(10**6) == kernel.resident_clusters  # blocks: no cluster here
+
+
+def test_a_green_context_counts_only_its_share_of_the_sms() -> None:
+    # A green context owns a share of the SMs: a grid barrier sized to the device's count would
+    # wait forever on blocks that find no SM of the share. The count must come from the driver
+    # for the current context (cuCtxGetDevResource, read through ctypes with CUDA's layout).
+    import ctypes
+
+    import cupy
+
+    from autonorm.runtime import driver
+    from autonorm.runtime.device import query_device
+
+    lib = driver.driver_library()
+    if not lib or getattr(lib, "cuGreenCtxCreate", None) is None:
+        pytest.skip("the driver has no green contexts (CUDA 12.4 on)")
+    info = query_device(0)
+    with cupy.cuda.Device(0):
+        cupy.zeros(1)  # the primary context, current on this thread
+    device = ctypes.c_int(0)
+    assert lib.cuDeviceGet(ctypes.byref(device), 0) == 0
+    whole = driver._DevResource()  # noqa: SLF001 - the layout under test
+    assert lib.cuDeviceGetDevResource(device, ctypes.byref(whole), 1) == 0
+    assert whole.sm_count == info.sm_count
+    share, rest, groups = driver._DevResource(), driver._DevResource(), ctypes.c_uint(1)  # noqa: SLF001
+    assert lib.cuDevSmResourceSplitByCount(ctypes.byref(share), ctypes.byref(groups),
+                                           ctypes.byref(whole), ctypes.byref(rest), 0, 16) == 0
+    assert groups.value == 1 and 16 <= share.sm_count < info.sm_count
+    desc, green = ctypes.c_void_p(0), ctypes.c_void_p(0)
+    assert lib.cuDevResourceGenerateDesc(ctypes.byref(desc), ctypes.byref(share), 1) == 0
+    assert lib.cuGreenCtxCreate(ctypes.byref(green), desc, device, 1) == 0  # default stream
+    try:
+        context = ctypes.c_void_p(0)
+        assert lib.cuCtxFromGreenCtx(ctypes.byref(context), green) == 0
+        assert lib.cuCtxPushCurrent_v2(context) == 0
+        try:
+            assert driver.context_sm_count() == share.sm_count
+        finally:
+            popped = ctypes.c_void_p(0)
+            assert lib.cuCtxPopCurrent_v2(ctypes.byref(popped)) == 0
+    finally:
+        assert lib.cuGreenCtxDestroy(green) == 0
+    # Back in the primary context: every SM again.
+    assert driver.context_sm_count() in (None, info.sm_count)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import subprocess
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -215,17 +216,57 @@ class FakeAffinityDriver:
         return self.code
 
 
+class FakeGreenDriver(FakeAffinityDriver):
+    """Both calls: the MPS affinity, and the current context's SM resource (a green context)."""
+
+    def __init__(self, sms: int, green: int, code: int = 0, context: int = 0x5000) -> None:
+        super().__init__(sms)
+        self.green, self.green_code, self.context = green, code, context
+
+    def cuCtxGetCurrent(self, context: Any) -> int:  # noqa: N802 - the C name
+        context._obj.value = self.context  # noqa: SLF001 - ctypes.byref's referent
+        return 0
+
+    def cuCtxGetDevResource(self, context: Any, resource: Any, kind: int) -> int:  # noqa: N802
+        assert context.value == self.context and kind == 1  # CU_DEV_RESOURCE_TYPE_SM
+        resource._obj.sm_count = self.green  # noqa: SLF001 - ctypes.byref's referent
+        return self.green_code
+
+
 @pytest.mark.parametrize(("lib", "expected"), [
     (FakeAffinityDriver(66), 66),  # an MPS client at half the SMs
     (FakeAffinityDriver(132), 132),
     (FakeAffinityDriver(66, code=801), None),  # not supported: the driver cannot say
     (FakeAffinityDriver(0), None),
-    (object(), None),  # a driver without the call
+    (FakeGreenDriver(132, 32), 32),  # a green context of 32 SMs
+    (FakeGreenDriver(66, 132), 66),  # MPS within a whole context: the fewer
+    (FakeGreenDriver(132, 32, code=801), 132),  # no resource answer: the affinity's
+    (FakeGreenDriver(132, 32, context=0), 132),  # no current context to ask about
+    (object(), None),  # a driver without the calls
     (None, None),  # no driver
 ])
 def test_the_context_sm_count_is_the_drivers_or_unknown(monkeypatch, lib, expected) -> None:  # noqa: ANN001
     monkeypatch.setattr(driver, "driver_library", lambda: lib)
     assert driver.context_sm_count() == expected
+
+
+def test_the_resource_struct_matches_the_cuda_header(tmp_path) -> None:  # noqa: ANN001
+    # ctypes reads the SM count at the offset CUDA's own CUdevResource has it.
+    from autonorm.runtime import offline
+
+    nvcc = offline.nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH: the CUDA header is needed")
+    (tmp_path / "layout.cu").write_text(
+        "#include <cuda.h>\n#include <cstddef>\n#include <cstdio>\n"
+        "int main() { std::printf(\"%zu %zu\\n\", sizeof(CUdevResource), "
+        "offsetof(CUdevResource, sm) + offsetof(CUdevSmResource, smCount)); }\n")
+    subprocess.run([nvcc, "-o", str(tmp_path / "layout"), str(tmp_path / "layout.cu")],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / "layout")], check=True, capture_output=True, text=True)
+    size, offset = map(int, out.stdout.split())
+    assert (size, offset) == (ctypes.sizeof(driver._DevResource),  # noqa: SLF001
+                              driver._DevResource.sm_count.offset)  # noqa: SLF001
 
 
 @pytest.mark.parametrize(("limit", "expected"), [(66, 66), (200, 132), (None, 132)])

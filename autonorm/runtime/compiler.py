@@ -246,10 +246,11 @@ def compile_kernel(
 
 @functools.lru_cache(maxsize=16)
 def usable_sms(device_id: int, sm_count: int) -> int:
-    """The SMs a grid may count on for ``device_id``: ``sm_count``, or fewer under MPS.
+    """The SMs a grid may count on for ``device_id``: ``sm_count``, or fewer (MPS, green context).
 
-    Asked of the driver once for each device with its context current (the device's SM count
-    where the driver cannot say, or says more).
+    Asked of the driver once for each device, in the context current then (the device's SM
+    count where the driver cannot say, or says more): kernels compiled in the primary context
+    and launched later in a green context of fewer SMs keep the whole device's count.
     """
     limit = context_sm_count()
     return min(sm_count, limit) if limit else sm_count

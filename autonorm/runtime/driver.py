@@ -166,20 +166,61 @@ class _ExecAffinityParam(ctypes.Structure):
 _EXEC_AFFINITY_SM_COUNT = 0  # CU_EXEC_AFFINITY_TYPE_SM_COUNT
 
 
+class _DevResource(ctypes.Structure):
+    """CUDA's ``CUdevResource`` (resource ABI 1, CUDA 12.4 on), 144 bytes.
+
+    Its type, 92 bytes the driver keeps to itself, then a union of 48 bytes whose SM member
+    (``CUdevSmResource``) starts with the SM count.
+    """
+
+    _fields_ = [
+        ("type", ctypes.c_int), ("_internal", ctypes.c_ubyte * 92),
+        ("sm_count", ctypes.c_uint), ("min_partition", ctypes.c_uint),
+        ("coscheduled_alignment", ctypes.c_uint), ("_rest", ctypes.c_ubyte * 36),
+    ]
+
+
+_DEV_RESOURCE_TYPE_SM = 1  # CU_DEV_RESOURCE_TYPE_SM
+
+
 def context_sm_count() -> int | None:
     """SMs the current CUDA context may run on, or None where the driver cannot say.
 
     An MPS client with a reduced active-thread percentage runs on fewer SMs than the device
-    has. A kernel whose blocks wait for each other at a grid barrier must size its grid to
-    these, or the blocks that find no SM never arrive and the launch hangs.
+    has (``cuCtxGetExecAffinity`` says how many), and so does a green context, which owns a
+    share of the device's SMs (``cuCtxGetDevResource``, CUDA 12.4 on). A kernel whose blocks
+    wait for each other at a grid barrier must size its grid to these, or the blocks that find
+    no SM never arrive and the launch hangs. Where both answer, the fewer count.
     """
     lib = driver_library()
-    query = getattr(lib, "cuCtxGetExecAffinity", None) if lib else None
+    if not lib:
+        return None
+    counts = [n for n in (_affinity_sms(lib), _resource_sms(lib)) if n]
+    return min(counts) if counts else None
+
+
+def _affinity_sms(lib: Any) -> int | None:
+    """The SM count of the current context's execution affinity (MPS), or None."""
+    query = getattr(lib, "cuCtxGetExecAffinity", None)
     if query is None:
         return None
     param = _ExecAffinityParam(_EXEC_AFFINITY_SM_COUNT, 0)
     code = query(ctypes.byref(param), _EXEC_AFFINITY_SM_COUNT)
     return int(param.sm_count) if code == 0 and param.sm_count > 0 else None
+
+
+def _resource_sms(lib: Any) -> int | None:
+    """The SMs of the current context's resources (a green context's share), or None."""
+    current = getattr(lib, "cuCtxGetCurrent", None)
+    query = getattr(lib, "cuCtxGetDevResource", None)
+    if current is None or query is None:
+        return None
+    context = ctypes.c_void_p(0)
+    if current(ctypes.byref(context)) != 0 or not context.value:
+        return None
+    resource = _DevResource()
+    code = query(context, ctypes.byref(resource), _DEV_RESOURCE_TYPE_SM)
+    return int(resource.sm_count) if code == 0 and resource.sm_count > 0 else None
 
 
 class _LaunchConfig(ctypes.Structure):

@@ -62,8 +62,8 @@ def grid_rule(plan: Any) -> str:
         f"{unit}: min(T, max(1, R)) with T = {tiles} for one row and {more} for more, and R "
         f"the fewer of {cap} and what the CUDA occupancy API says can be resident at once "
         f"({query}); SMs are those the context may use (fewer for an MPS client with a reduced "
-        "active-thread percentage). Never more: the blocks wait for each other at a grid "
-        "barrier, and a block that cannot be resident never arrives"
+        "active-thread percentage, or in a green context). Never more: the blocks wait for "
+        "each other at a grid barrier, and a block that cannot be resident never arrives"
     )
 
 

@@ -11,8 +11,9 @@ runtime (no Python, CuPy or autonorm at run time):
 The launcher sizes the grid as the runtime does in process
 (:meth:`autonorm.codegen.kernel.LaunchPlan.grid`): the kernel's blocks meet at a grid barrier,
 so it never launches more than the occupancy API says can be resident on the SMs the context may
-use (fewer for an MPS client, asked of ``cuCtxGetExecAffinity`` through the runtime's driver
-entry point, so nothing links ``libcuda``). The pointer parameters exist only where the problem
+use (fewer for an MPS client or in a green context, asked of ``cuCtxGetExecAffinity`` and
+``cuCtxGetDevResource`` through the runtime's driver entry point, so nothing links
+``libcuda``). The pointer parameters exist only where the problem
 has them. The family's export hooks (:mod:`.family`) call these functions; the generic part of
 an export is :mod:`autonorm.export`'s.
 """
