@@ -106,7 +106,8 @@ def tune(
     # --op, --hidden, --dtype, --rows: each given once or more, each time a comma list.
     flat = {name: tuple(v for group in given for v in group) for name, given in lists.items()}
     if backward:
-        flat["ops"] = backward_ops(flat["ops"] or (DEFAULT_OP,), configs)
+        # A model's config names its norms; --op, where given, replaces them.
+        flat["ops"] = backward_ops(flat["ops"] or (() if configs else (DEFAULT_OP,)))
     if not flat["hiddens"] and not configs:
         ctx = click.get_current_context()
         raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(
@@ -116,7 +117,7 @@ def tune(
 
         list_plan(**flat, **flags, residual=residual, residual_dtype=residual_dtype,
                   configs=configs, default_op=DEFAULT_OP, default_rows=_default_rows,
-                  timeout=timeout, budget=budget, force=force)
+                  timeout=timeout, budget=budget, force=force, backward=backward)
         return
     from autonorm.tune.workers import check_shared_storage
 
@@ -134,7 +135,8 @@ def tune(
         try:
             run_plan(**flat, **flags, residual=residual, configs=configs, default_op=DEFAULT_OP,
                      default_rows=_default_rows, trials=trials, timeout=timeout, seed=seed,
-                     budget=budget, force=force, storage=storage, workers=workers)
+                     budget=budget, force=force, storage=storage, workers=workers,
+                     backward=backward)
         finally:
             _forget_dispatched_kernels()
         return

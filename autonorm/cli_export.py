@@ -27,18 +27,23 @@ def _given(ctx: click.Context, name: str) -> bool:
 
 
 def _model_problems(ctx: click.Context, configs: tuple[str, ...], op: str, hidden: int | None,
-                    dtype: str, flags: dict[str, bool]) -> list[Problem]:
+                    dtype: str, flags: dict[str, bool], backward: bool) -> list[Problem]:
     """The problems of the norm shapes a model's configs plan, in plan order, each once.
 
     ``--op``, ``--hidden`` and ``--dtype`` replace what a config says where given;
     ``--residual`` keeps the form after the add alone (without it both forms of a norm whose
-    op has the add, as ``autonorm tune --config`` plans them).
+    op has the add, as ``autonorm tune --config`` plans them). With ``backward``, the backward
+    of each norm (:func:`autonorm.tune.plan.backward_norms`).
     """
     from autonorm.tune import plan
 
+    forward = op.removesuffix("_backward")  # the norm a config is read as
     try:
         norms = [n for path in configs
-                 for n in plan.read_model_config(path, op=op if _given(ctx, "op") else None)]
+                 for n in plan.read_model_config(path, op=forward if _given(ctx, "op") else None)]
+        if backward:
+            norms = plan.backward_norms(norms)
+            op = backward_op(op)
         shapes = plan.expand(
             ops=[op] if _given(ctx, "op") else [], hiddens=[hidden] if hidden else [],
             dtypes=[dtype] if _given(ctx, "dtype") else [], rows=[1],
@@ -86,13 +91,10 @@ def export(ctx: click.Context, op: str, backward: bool, hidden: int | None, dtyp
     flags = {"no_weight": no_weight, "no_bias": no_bias, "weight_offset": weight_offset,
              "residual": residual}
     if configs:
-        if backward:
-            raise click.UsageError("--backward exports the op given with --op and --hidden: "
-                                   "it cannot go with --config")
         if residual_dtype is not None:
             raise click.UsageError("--residual-dtype exports one shape: give --op, --hidden "
                                    "and --dtype, and no --config")
-        problems = _model_problems(ctx, configs, op, hidden, dtype, flags)
+        problems = _model_problems(ctx, configs, op, hidden, dtype, flags, backward)
     else:
         if hidden is None:
             raise click.MissingParameter("Or give a model's --config", ctx=ctx, param=next(

@@ -102,7 +102,8 @@ def tune_options(func: Any) -> Any:
                           "the config's norm)."),
         click.option("--backward", is_flag=True,
                      help="Tune the ops' backward kernels (dx, dweight, dbias): "
-                          "--op layer_norm --backward is op layer_norm_backward."),
+                          "--op layer_norm --backward is op layer_norm_backward; with a "
+                          "--config, its norms' backward."),
         click.option("--hidden", "hiddens", type=ListParam(click.IntRange(min=1)),
                      multiple=True, metavar="N[,N...]",
                      help="Hidden sizes (row lengths), e.g. 4096,5120."),

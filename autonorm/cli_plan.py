@@ -224,16 +224,24 @@ def worker_gpus(workers: int) -> list[int] | None:
 def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
           rows: Sequence[int], configs: Sequence[str], no_weight: bool, no_bias: bool,
           weight_offset: bool, residual: bool | None, default_op: str,
-          default_rows: Any) -> tuple[list[plan.ModelNorm], list[Shape], list[Problem]]:
+          default_rows: Any, backward: bool = False,
+          ) -> tuple[list[plan.ModelNorm], list[Shape], list[Problem]]:
     """Read the model configs and expand the options into the plan's shapes and problems.
+
+    With ``backward`` the ops are backward families and a config's norms are planned as their
+    backward (:func:`autonorm.tune.plan.backward_norms`).
 
     Raises:
         click.BadParameter: a config or option the plan cannot use (naming it).
         click.UsageError: a shape whose op's problem cannot take it (:func:`_problems`).
     """
-    op = ops[0] if ops else None  # (expand gives each norm every op of --op)
+    # The norm a config is read as (expand gives each norm every op of --op): a backward
+    # family's forward, whose name says whether Gemma's 1 + weight applies.
+    op = ops[0].removesuffix("_backward") if ops else None
     try:
         norms = [n for path in configs for n in plan.read_model_config(path, op=op)]
+        if backward:
+            norms = plan.backward_norms(norms)
         shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
                              default_rows=default_rows, norms=norms, has_weight=not no_weight,
                              has_bias=not no_bias, weight_offset=weight_offset,
@@ -247,7 +255,7 @@ def list_plan(
     *, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str], rows: Sequence[int],
     configs: Sequence[str], no_weight: bool, no_bias: bool, weight_offset: bool,
     residual: bool | None, residual_dtype: str | None, default_op: str, default_rows: Any,
-    timeout: float, budget: float | None, force: bool,
+    timeout: float, budget: float | None, force: bool, backward: bool = False,
 ) -> None:
     """Print the shapes ``autonorm tune`` would tune (``--dry-run``), a line each, on stdout.
 
@@ -259,7 +267,7 @@ def list_plan(
     _, shapes, problems = _plan(
         ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
         no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset, residual=residual,
-        default_op=default_op, default_rows=default_rows)
+        default_op=default_op, default_rows=default_rows, backward=backward)
     try:
         device = query_device()
     except NoGPUError:
@@ -305,6 +313,7 @@ def run_plan(
     configs: Sequence[str], no_weight: bool, no_bias: bool, weight_offset: bool,
     residual: bool | None, default_op: str, default_rows: Any, trials: int, timeout: float,
     seed: int, budget: float | None, force: bool, storage: str | None, workers: int,
+    backward: bool = False,
 ) -> None:
     """Run ``autonorm tune`` with several shapes or a model's config: plan, tune, summarize.
 
@@ -321,7 +330,7 @@ def run_plan(
     norms, shapes, problems = _plan(
         ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows, configs=configs,
         no_weight=no_weight, no_bias=no_bias, weight_offset=weight_offset, residual=residual,
-        default_op=default_op, default_rows=default_rows)
+        default_op=default_op, default_rows=default_rows, backward=backward)
     try:
         device = query_device()
     except NoGPUError as exc:

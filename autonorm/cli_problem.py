@@ -163,14 +163,10 @@ def backward_op(op: str) -> str:
     return name
 
 
-def backward_ops(ops: tuple[str, ...], configs: tuple[str, ...] = ()) -> tuple[str, ...]:
+def backward_ops(ops: tuple[str, ...]) -> tuple[str, ...]:
     """Return the backward family of each op (``--backward``) of ``autonorm tune``.
 
     Raises:
-        click.UsageError: an op has no backward family, or a model's ``--config`` is given
-            (its plan names forward norms).
+        click.UsageError: an op has no backward family.
     """
-    if configs:
-        raise click.UsageError("--backward tunes the ops given with --op and --hidden: it "
-                               "cannot go with --config")
     return tuple(backward_op(op) for op in ops)

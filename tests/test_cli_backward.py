@@ -3,6 +3,7 @@ evaluator that stores a backward winner under its own op."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -28,11 +29,25 @@ def test_render_the_backward_of_the_residual_add(env: Path) -> None:  # noqa: F8
     assert status == 0 and "dhr" not in plain
 
 
-def test_backward_cannot_go_with_a_model_config(env: Path) -> None:  # noqa: F811
+def test_backward_tunes_the_backward_of_a_models_norms(env: Path) -> None:  # noqa: F811
     config = env / "config.json"
-    config.write_text('{"hidden_size": 1024, "rms_norm_eps": 1e-6}')
-    assert_one_error_line(*invoke(["tune", "--backward", "--config", str(config)]),
-                          "--backward tunes the ops given with --op and --hidden")
+    config.write_text('{"model_type": "gemma2", "hidden_size": 1024, "rms_norm_eps": 1e-6}')
+    status, stdout, stderr = invoke(["tune", "--backward", "--config", str(config),
+                                     "--dry-run"])
+    assert status == 0, stdout + stderr
+    # Plain only (a model's modules run the plain norm), and Gemma's 1 + weight kept.
+    assert stdout.splitlines()[0] == "rms_norm_backward bf16 hidden 1024 rows 65536 1 + weight"
+    status, stdout, stderr = invoke(["tune", "--backward", "--config", str(config),
+                                     "--trials", "2"])
+    assert status == 0, stdout + stderr
+    with sqlite3.connect(env / "user.db") as db:
+        stored = [(op, json.loads(problem)) for op, problem in
+                  db.execute("SELECT op, problem FROM winners")]
+    assert stored == [("rms_norm_backward", {"dtype": "bfloat16", "has_weight": True,
+                                             "hidden": 1024, "weight_offset": True})]
+    # An op that has none is still refused, in one line.
+    assert_one_error_line(*invoke(["tune", "--backward", "--config", str(config), "--op",
+                                   "nope"]), "nope")
 
 
 def test_render_a_backward_kernel(env: Path) -> None:  # noqa: F811

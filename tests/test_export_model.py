@@ -54,13 +54,33 @@ def test_options_replace_what_the_configs_say(env: Path) -> None:  # noqa: F811
     assert set(_exported(stdout)) == {"autonorm_ln_bf16_h4096"}
 
 
+def test_backward_exports_the_backward_of_each_norm(env: Path) -> None:  # noqa: F811
+    # Training runs each norm backward too: the backward kernel of each, plain (a model's own
+    # modules run the plain norm), Gemma's 1 + weight kept.
+    gemma = env / "gemma.json"
+    gemma.write_text(json.dumps({"model_type": "gemma2", "hidden_size": 2304,
+                                 "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}))
+    status, stdout, stderr = invoke(["export", *_configs(env), "--config", str(gemma),
+                                     "--backward", "-o", str(env / "out")])
+    assert status == 0, stdout + stderr
+    manifests = _exported(stdout)
+    assert set(manifests) == {"autonorm_rms_bwd_bf16_h4096", "autonorm_ln_bwd_bf16_h768",
+                              "autonorm_rms_bwd_bf16_h2304_offset"}
+    assert {m["problem"]["hidden"]: m["function"].endswith("_backward")
+            for m in manifests.values()} == {4096: True, 768: True, 2304: True}
+    assert manifests["autonorm_rms_bwd_bf16_h2304_offset"]["problem"]["weight_offset"] is True
+    # --op names the norm in either form; --residual the backward of the add.
+    status, stdout, _ = invoke(["export", *_configs(env)[:2], "--op", "rms_norm_backward",
+                                "--residual", "-o", str(env / "add")])
+    assert status == 0
+    assert set(_exported(stdout)) == {"autonorm_add_rms_bwd_bf16_h4096"}
+
+
 def test_a_model_config_refuses_what_exports_one_shape(env: Path) -> None:  # noqa: F811
     configs = _configs(env)
     out = ["-o", str(env / "out")]
     assert_one_error_line(*invoke(["export", *out]), "Missing option '--hidden'. Or give a "
                                                      "model's --config")
-    assert_one_error_line(*invoke(["export", *configs, "--backward", *out]),
-                          "--backward exports the op given with --op and --hidden")
     assert_one_error_line(*invoke(["export", *configs, "--residual-dtype", "fp32", *out]),
                           "--residual-dtype exports one shape")
     assert_one_error_line(*invoke(["export", "--config", str(env / "none.json"), *out]),

@@ -317,6 +317,15 @@ def norms_of_config(config: Any, name: str, *, op: str | None = None) -> list[Mo
     return found
 
 
+def backward_norms(norms: Sequence[ModelNorm]) -> list[ModelNorm]:
+    """Return the backward of each of a model's norms: the same shape, op ``<op>_backward``.
+
+    Training runs a model's norms forward and backward; ``autonorm tune --backward --config``
+    tunes the backward kernels of the norms the config describes, Gemma's ``1 + weight`` kept.
+    """
+    return [dataclasses.replace(n, op=f"{n.op}_backward") for n in norms]
+
+
 def read_model_config(path: str | Path, *, op: str | None = None) -> list[ModelNorm]:
     """Read a model's ``config.json`` and return its norms (:func:`norms_of_config`).
 
