@@ -6,6 +6,7 @@ configuration still renders that kernel. These CPU tests render every shipped wi
 it with the digest stored beside it and with the kernels the shipped winners were tuned on
 (``fixtures/shipped_kernels.json``: names and digests as the autonorm that tuned them rendered
 them), so a change to the code that alters a tuned kernel fails here, not silently on an H200.
+After the shipped winners change, ``python tools/shipped_fixtures.py`` records the new ones.
 
 A winner whose code changed since it was tuned stays only if the change leaves its machine code
 alone: ``fixtures/shipped_code_before.json.gz`` holds the code each shipped kernel was tuned on,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -39,6 +41,8 @@ EXPECTED = {
     TuningKey(w["device"], w["op"], w["problem"], w["rows_bucket"]): w
     for w in json.loads(FIXTURE.read_text())["winners"]
 }
+# How many winners the fixture says it holds (tools/shipped_fixtures.py keeps it up to date).
+COUNT = int(re.search(r"The (\d+) winners", json.loads(FIXTURE.read_text())["about"]).group(1))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +63,7 @@ def _render(db: TuningDB, winner):  # noqa: ANN001, ANN202
 def test_the_shipped_db_holds_the_tuned_winners(shipped: TuningDB) -> None:
     assert shipped.schema_version == SCHEMA_VERSION
     winners = shipped.winners()
-    assert len(winners) == len(EXPECTED) == 154
+    assert len(winners) == len(EXPECTED) == COUNT
     assert {w.key for w in winners} == set(EXPECTED)
     assert all(w.kernel is not None for w in winners)
     assert [d["fingerprint"] for d in shipped.devices()] == [H200.fingerprint]
@@ -114,7 +118,7 @@ def test_opening_the_shipped_db_leaves_no_files_beside_it(monkeypatch) -> None: 
     before = sorted(p.name for p in SHIPPED.parent.iterdir())
     assert not [name for name in before if name.startswith("autonorm.db-")]
     with TuningDB.open_shipped() as db:
-        assert len(db.winners()) == 154
+        assert len(db.winners()) == COUNT
         assert sorted(p.name for p in SHIPPED.parent.iterdir()) == before
     assert sorted(p.name for p in SHIPPED.parent.iterdir()) == before
 
@@ -184,7 +188,7 @@ def test_every_shipped_winner_verifies_on_an_h200(shipped: TuningDB) -> None:
     if query_device().fingerprint != H200.fingerprint:
         pytest.skip("the shipped winners were tuned on an H200")
     winners = shipped.winners()
-    assert len(winners) == 154
+    assert len(winners) == COUNT
     failures = []
     for winner in winners:
         problem, config, rendered = _render(shipped, winner)
