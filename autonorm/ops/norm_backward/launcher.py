@@ -13,9 +13,9 @@ The launcher sizes the grid as the runtime does in process
 so it never launches more than the occupancy API says can be resident on the SMs the context may
 use (fewer for an MPS client or in a green context, asked of ``cuCtxGetExecAffinity`` and
 ``cuCtxGetDevResource`` through the runtime's driver entry point, so nothing links
-``libcuda``). The pointer parameters exist only where the problem
-has them. The family's export hooks (:mod:`.family`) call these functions; the generic part of
-an export is :mod:`autonorm.export`'s.
+``libcuda``). The pointer parameters exist only where the problem has them. The family's export
+hooks (:mod:`.family`) call these functions; the generic part of an export is
+:mod:`autonorm.export`'s.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ SOURCE_TEMPLATE = "export_backward.cu.j2"
 # this offset, so they keep the alignment of the allocation (the kernel reads them as float4).
 COUNTER_BYTES = 8
 PARTIALS_OFFSET = 256
-# The workspace's alignment, checked by the launcher (cudaMalloc gives 256).
-WORKSPACE_ALIGNMENT = 16
 
 
 def default_basename(problem: BackwardProblem) -> str:
@@ -153,6 +151,5 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "grid_rule": grid_rule(plan),
         "counter_bytes": COUNTER_BYTES,
         "partials_offset": PARTIALS_OFFSET,
-        "alignment": WORKSPACE_ALIGNMENT,
         "min_cc": 90 if kernel.config.cache == "bulk" else 75,
     }
