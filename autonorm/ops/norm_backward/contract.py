@@ -29,7 +29,13 @@ PARAMETERS = (
 
 
 def grid_terms(plan: Any) -> dict[str, Any]:
-    """Return the numbers of ``plan``'s grid rule (a barrier plan), as the manifest gives them."""
+    """Return the numbers of ``plan``'s grid rule, as the manifest gives them.
+
+    ``barrier``: the blocks meet at a grid barrier (the problem has column sums). The grid is
+    then also held to ``blocks_per_sm`` blocks an SM, and past one row it has at least
+    ``least_clusters_past_one_row`` clusters and one a row up to ``spread_rows``; without a
+    barrier those two terms do not apply.
+    """
     return {
         "single": plan.single,
         "barrier": plan.barrier,
@@ -41,7 +47,7 @@ def grid_terms(plan: Any) -> dict[str, Any]:
 
 
 def grid_rule(plan: Any) -> str:
-    """Return the grid of ``plan`` (a barrier plan) in words, with :func:`grid_terms`' numbers."""
+    """Return the grid of ``plan`` in words, with :func:`grid_terms`' numbers."""
     if plan.single:
         return f"always {plan.cluster} blocks: one cluster, whatever the rows"
     terms = grid_terms(plan)
