@@ -33,16 +33,17 @@ def _model_problems(ctx: click.Context, configs: tuple[str, ...], op: str, hidde
     ``--op``, ``--hidden`` and ``--dtype`` replace what a config says where given;
     ``--residual`` keeps the form after the add alone (without it both forms of a norm whose
     op has the add, as ``autonorm tune --config`` plans them). With ``backward``, the backward
-    of each norm (:func:`autonorm.tune.plan.backward_norms`).
+    of each norm (:func:`autonorm.tune.model_config.backward_norms`).
     """
-    from autonorm.tune import plan
+    from autonorm.tune import model_config, plan
 
-    forward = op.removesuffix("_backward")  # the norm a config is read as
+    # The norm a config is read as: a backward family's forward.
+    forward = op.removesuffix("_backward") if _given(ctx, "op") else None
     try:
         norms = [n for path in configs
-                 for n in plan.read_model_config(path, op=forward if _given(ctx, "op") else None)]
+                 for n in model_config.read_model_config(path, op=forward)]
         if backward:
-            norms = plan.backward_norms(norms)
+            norms = model_config.backward_norms(norms)
             op = backward_op(op)
         shapes = plan.expand(
             ops=[op] if _given(ctx, "op") else [], hiddens=[hidden] if hidden else [],
@@ -50,7 +51,7 @@ def _model_problems(ctx: click.Context, configs: tuple[str, ...], op: str, hidde
             default_rows=lambda _: 1, norms=norms, has_weight=not flags["no_weight"],
             has_bias=not flags["no_bias"], weight_offset=flags["weight_offset"],
             residual=True if flags["residual"] else None)
-    except plan.PlanError as exc:
+    except model_config.PlanError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
     problems: list[Problem] = []
     for shape in shapes:

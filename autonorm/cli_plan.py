@@ -22,7 +22,7 @@ from autonorm.ops import registry
 from autonorm.ops.base import Problem
 from autonorm.results import Outcome, Timing
 from autonorm.runtime.device import DeviceInfo
-from autonorm.tune import plan
+from autonorm.tune import model_config, plan
 from autonorm.tune.interrupt import terminate_as_interrupt
 from autonorm.tune.plan import Shape
 from autonorm.tune.progress import ProgressBar
@@ -225,11 +225,11 @@ def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
           rows: Sequence[int], configs: Sequence[str], no_weight: bool, no_bias: bool,
           weight_offset: bool, residual: bool | None, default_op: str,
           default_rows: Any, backward: bool = False,
-          ) -> tuple[list[plan.ModelNorm], list[Shape], list[Problem]]:
+          ) -> tuple[list[model_config.ModelNorm], list[Shape], list[Problem]]:
     """Read the model configs and expand the options into the plan's shapes and problems.
 
     With ``backward`` the ops are backward families and a config's norms are planned as their
-    backward (:func:`autonorm.tune.plan.backward_norms`).
+    backward (:func:`autonorm.tune.model_config.backward_norms`).
 
     Raises:
         click.BadParameter: a config or option the plan cannot use (naming it).
@@ -239,14 +239,14 @@ def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
     # family's forward, whose name says whether Gemma's 1 + weight applies.
     op = ops[0].removesuffix("_backward") if ops else None
     try:
-        norms = [n for path in configs for n in plan.read_model_config(path, op=op)]
+        norms = [n for path in configs for n in model_config.read_model_config(path, op=op)]
         if backward:
-            norms = plan.backward_norms(norms)
+            norms = model_config.backward_norms(norms)
         shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
                              default_rows=default_rows, norms=norms, has_weight=not no_weight,
                              has_bias=not no_bias, weight_offset=weight_offset,
                              residual=residual, default_op=default_op)
-    except plan.PlanError as exc:
+    except model_config.PlanError as exc:
         raise click.BadParameter(str(exc), param_hint=exc.option) from None
     return norms, shapes, _problems(shapes)
 

@@ -37,7 +37,7 @@ from autonorm.ops.rms_norm.reference import rms_norm_reference
 from autonorm.runtime.device import query_device
 from autonorm.store import bundle, transfer
 from autonorm.store.db import TuningDB, TuningKey
-from autonorm.tune import plan
+from autonorm.tune import model_config, plan
 from autonorm.tune import trials as book
 from autonorm.tune.session import study_for
 from autonorm.tune.storage import open_storage
@@ -128,7 +128,7 @@ def test_a_model_tuned_by_its_config_is_what_dispatch_runs(env: Path) -> None:
     table = lines(stdout)[1:]
     assert len(table) == 2 and all(row.endswith("  tuned") for row in table), stdout
 
-    norms = {n.op: n for n in plan.read_model_config(config_path)}
+    norms = {n.op: n for n in model_config.read_model_config(config_path)}
     shapes = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[ROWS],
                          default_rows=lambda hidden: ROWS, norms=list(norms.values()),
                          residual=False)

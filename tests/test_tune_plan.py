@@ -22,8 +22,9 @@ from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.runtime.limits import H200 as H200_LIMITS
 from autonorm.store.db import TuningDB, TuningKey
-from autonorm.tune import plan
-from autonorm.tune.plan import PlanError, Shape
+from autonorm.tune import model_config, plan
+from autonorm.tune.model_config import PlanError
+from autonorm.tune.plan import Shape
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_JSON = ROOT / "autonorm" / "tuning_db" / "models.json"
@@ -49,7 +50,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_model_config_gives_the_norm_models_json_lists(name):
-    [norm] = plan.norms_of_config(CONFIGS[name], "config.json")
+    [norm] = model_config.norms_of_config(CONFIGS[name], "config.json")
     entry = MODELS[name]
     assert (norm.op, norm.hidden, norm.eps) == (entry["norm"], entry["hidden"], entry["eps"])
     assert norm.dtype == {"bfloat16": "bfloat16", "float32": "float32"}.get(
@@ -61,7 +62,7 @@ def test_a_clip_config_gives_its_text_and_vision_norms():
               "text_config": {"hidden_size": 512, "layer_norm_eps": 1e-05},
               "vision_config": {"hidden_size": 768, "layer_norm_eps": 1e-05,
                                 "torch_dtype": "float16"}}
-    norms = plan.norms_of_config(config, "clip.json")
+    norms = model_config.norms_of_config(config, "clip.json")
     assert [(n.where, n.hidden, n.dtype) for n in norms] == [
         ("clip.json:text_config", 512, "float32"), ("clip.json:vision_config", 768, "float16")]
     assert norms[0].hidden == MODELS["CLIP ViT-B/32 text"]["hidden"]
@@ -70,7 +71,7 @@ def test_a_clip_config_gives_its_text_and_vision_norms():
 
 
 def test_t5_is_rmsnorm_whatever_its_eps_key_says():
-    [norm] = plan.norms_of_config(
+    [norm] = model_config.norms_of_config(
         {"model_type": "t5", "d_model": 512, "layer_norm_epsilon": 1e-06}, "t5.json")
     assert (norm.op, norm.hidden, norm.eps) == ("rms_norm", 512, 1e-06)
 
@@ -86,19 +87,19 @@ GEMMA3 = {"model_type": "gemma3", "torch_dtype": "bfloat16",
 
 
 def test_a_gemma_config_gives_an_rmsnorm_scaled_by_one_plus_its_weight():
-    [norm] = plan.norms_of_config(GEMMA, "gemma.json")
+    [norm] = model_config.norms_of_config(GEMMA, "gemma.json")
     assert (norm.op, norm.hidden, norm.eps, norm.weight_offset) == (
         "rms_norm", 3072, 1e-06, True)
-    text, vision = plan.norms_of_config(GEMMA3, "gemma3.json")
+    text, vision = model_config.norms_of_config(GEMMA3, "gemma3.json")
     assert (text.op, text.hidden, text.weight_offset) == ("rms_norm", 2560, True)
     assert (vision.op, vision.hidden, vision.weight_offset) == ("layer_norm", 1152, False)
     # Llama's RMSNorm scales by the weight itself; LayerNorm, asked for, has no offset.
-    assert not plan.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")[0].weight_offset
-    assert not plan.norms_of_config(GEMMA, "gemma.json", op="layer_norm")[0].weight_offset
+    assert not model_config.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")[0].weight_offset
+    assert not model_config.norms_of_config(GEMMA, "gemma.json", op="layer_norm")[0].weight_offset
 
 
 def test_a_plan_carries_the_weight_offset_into_its_shapes_and_problems():
-    norms = plan.norms_of_config(GEMMA3, "gemma3.json")
+    norms = model_config.norms_of_config(GEMMA3, "gemma3.json")
     shapes = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[64], default_rows=_rows_1024,
                          norms=norms)
     # The RMSNorm comes plain and after the residual add; LayerNorm has no residual add.
@@ -124,8 +125,8 @@ def test_a_plan_carries_the_weight_offset_into_its_shapes_and_problems():
 
 
 def test_a_model_norm_is_planned_plain_and_after_the_residual_add_where_its_op_has_one():
-    llama = plan.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")
-    bert = plan.norms_of_config(CONFIGS["BERT base"], "bert.json")
+    llama = model_config.norms_of_config(CONFIGS["Llama 3 8B"], "llama.json")
+    bert = model_config.norms_of_config(CONFIGS["BERT base"], "bert.json")
     assert plan.has_residual_add("rms_norm") and not plan.has_residual_add("layer_norm")
     assert not plan.has_residual_add("no_such_op")
 
@@ -144,7 +145,7 @@ def test_a_model_norm_is_planned_plain_and_after_the_residual_add_where_its_op_h
     assert forms(ops=["rms_norm"], hiddens=[8192], residual=True) == [("rms_norm", 8192, True)]
     # --op replaces the config's norm: LayerNorm over Llama's width is planned plain, and
     # after the residual add only where --residual asks.
-    as_layer_norm = plan.norms_of_config(CONFIGS["Llama 3 8B"], "l.json", op="layer_norm")
+    as_layer_norm = model_config.norms_of_config(CONFIGS["Llama 3 8B"], "l.json", op="layer_norm")
     assert forms(norms=as_layer_norm) == [("layer_norm", 4096, False)]
     assert forms(norms=as_layer_norm, residual=True) == [("layer_norm", 4096, True)]
     assert forms(ops=["layer_norm"], hiddens=[1024], residual=True) == [
@@ -159,9 +160,9 @@ def test_a_model_norm_is_planned_plain_and_after_the_residual_add_where_its_op_h
 def test_an_op_given_replaces_a_norm_the_config_cannot_tell():
     config = {"model_type": "mystery", "hidden_size": 2048}
     with pytest.raises(PlanError, match="cannot tell its norm") as caught:
-        plan.norms_of_config(config, "c.json")
+        model_config.norms_of_config(config, "c.json")
     assert caught.value.option == "--config"
-    [norm] = plan.norms_of_config(config, "c.json", op="layer_norm")
+    [norm] = model_config.norms_of_config(config, "c.json", op="layer_norm")
     assert (norm.op, norm.hidden) == ("layer_norm", 2048)
 
 
@@ -175,7 +176,7 @@ def test_an_op_given_replaces_a_norm_the_config_cannot_tell():
 ])
 def test_a_bad_config_is_refused_naming_the_option(config, expected):
     with pytest.raises(PlanError, match=expected) as caught:
-        plan.norms_of_config(config, "c.json")
+        model_config.norms_of_config(config, "c.json")
     assert caught.value.option == "--config"
 
 
@@ -198,7 +199,7 @@ def test_the_plan_is_the_deduplicated_product_in_a_fixed_order():
 
 
 def test_the_plan_of_configs_takes_each_norm_and_lets_options_replace_its_values():
-    bert, gpt2 = (plan.norms_of_config(CONFIGS[n], n)[0] for n in ("BERT base", "GPT-2 XL"))
+    bert, gpt2 = (model_config.norms_of_config(CONFIGS[n], n)[0] for n in ("BERT base", "GPT-2 XL"))
     shapes = plan.expand(ops=[], hiddens=[], dtypes=[], rows=[], default_rows=_rows_1024,
                          norms=[bert, gpt2, bert])
     assert [(s.op, s.hidden, s.dtype, s.rows) for s in shapes] == [
