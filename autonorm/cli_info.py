@@ -34,7 +34,26 @@ def _gpu() -> dict[str, Any]:
     except NoGPUError as exc:
         return {"available": False, "reason": str(exc)}
     return {"available": True, "name": info.name, "arch": info.arch, "sms": info.sm_count,
-            "l2_mib": info.l2_bytes / 2**20, "fingerprint": info.fingerprint}
+            "usable_sms": _usable_sms(info.sm_count), "l2_mib": info.l2_bytes / 2**20,
+            "fingerprint": info.fingerprint}
+
+
+def _usable_sms(sm_count: int) -> int:
+    """The SMs this process's context may use: fewer under MPS or in a green context.
+
+    The backward kernels size their grids to these (:func:`autonorm.runtime.driver.
+    context_sm_count`); a count below the device's explains grids that fill less of it.
+    """
+    from autonorm.runtime.driver import context_sm_count
+
+    try:
+        import cupy
+
+        cupy.cuda.runtime.free(0)  # makes the context the driver is asked about current
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU: the driver cannot say
+        pass
+    limit = context_sm_count()
+    return min(sm_count, limit) if limit else sm_count
 
 
 def _cupy() -> dict[str, Any]:
@@ -121,7 +140,9 @@ def lines(found: dict[str, Any]) -> list[str]:
     rows = [("autonorm", f"{found['autonorm']} ({found['package']})"),
             ("python", f"{found['python']} on {found['platform']}")]
     if gpu["available"]:
-        rows.append(("GPU", f"{gpu['name']}, {gpu['arch']}, {gpu['sms']} SMs, "
+        shared = (f" ({gpu['usable_sms']} usable by this process: MPS or a green context)"
+                  if gpu["usable_sms"] < gpu["sms"] else "")
+        rows.append(("GPU", f"{gpu['name']}, {gpu['arch']}, {gpu['sms']} SMs{shared}, "
                             f"{gpu['l2_mib']:.0f} MiB L2"))
     else:
         rows.append(("GPU", f"none: {gpu['reason']} ({_COSTS['gpu']})"))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from test_shipped_kernels import COUNT
 
 from autonorm import cli
 from autonorm.runtime.device import DeviceInfo, NoGPUError
@@ -50,7 +51,7 @@ def test_without_a_gpu_each_missing_piece_says_what_it_costs(run, tmp_path):
                                       "kernels need one; show, export and render work without)")
     assert _line(out, "user DB").endswith(f"{tmp_path / 'user.db'} (not created yet: the first "
                                           "tuning creates it)")
-    assert "(154 winners; tuned on NVIDIA H200, read-only)" in _line(out, "shipped DB")
+    assert f"({COUNT} winners; tuned on NVIDIA H200, read-only)" in _line(out, "shipped DB")
     assert _line(out, "settings").endswith(f"AUTONORM_DB={tmp_path / 'user.db'}, "
                                            f"AUTONORM_CACHE_DIR={tmp_path / 'cache'}")
     assert not (tmp_path / "user.db").exists()  # reading creates nothing
@@ -59,11 +60,21 @@ def test_without_a_gpu_each_missing_piece_says_what_it_costs(run, tmp_path):
 def test_on_a_gpu_the_winners_for_it_are_counted(run):
     out = run(H200)
     assert _line(out, "GPU").endswith("NVIDIA H200, sm_90, 132 SMs, 60 MiB L2")
-    assert "(154 winners, 154 for this GPU; tuned on NVIDIA H200, read-only)" in _line(
+    assert f"({COUNT} winners, {COUNT} for this GPU; tuned on NVIDIA H200, read-only)" in _line(
         out, "shipped DB")
     other = DeviceInfo(name="NVIDIA A100", cc=80, sm_count=108, l2_bytes=41943040,
                        smem_optin=166912, mem_bus_bits=5120, mem_clock_khz=1593000)
-    assert "(154 winners, 0 for this GPU;" in _line(run(other), "shipped DB")
+    assert f"({COUNT} winners, 0 for this GPU;" in _line(run(other), "shipped DB")
+
+
+def test_an_mps_client_sees_the_sms_it_may_use(run, monkeypatch):
+    from autonorm.runtime import driver
+
+    monkeypatch.setattr(driver, "context_sm_count", lambda: 66)
+    out = run(H200)
+    assert _line(out, "GPU").endswith("NVIDIA H200, sm_90, 132 SMs (66 usable by this process: "
+                                      "MPS or a green context), 60 MiB L2")
+    assert json.loads(run(H200, "--json"))["gpu"]["usable_sms"] == 66
 
 
 def test_a_misspelt_setting_is_named_with_the_one_meant(run, monkeypatch):
