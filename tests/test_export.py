@@ -161,9 +161,10 @@ def test_weight_and_bias_parameters_exist_only_for_the_problem(weight: bool, bia
     exported = render_export(default_config(problem), problem)
     decl = exported.header[exported.header.index("cudaError_t autonorm_ln"):]
     decl = decl[: decl.index(";")]
-    assert ("const __nv_bfloat16* weight" in decl) == weight
-    assert ("const __nv_bfloat16* bias" in decl) == bias
-    assert "const __nv_bfloat16* x" in decl and "__nv_bfloat16* y, int rows, float eps" in decl
+    elem = f"{default_basename(problem)}_elem"  # __nv_bfloat16 in C++, its raw struct in C
+    assert (f"const {elem}* weight" in decl) == weight
+    assert (f"const {elem}* bias" in decl) == bias
+    assert f"const {elem}* x" in decl and f"{elem}* y, int rows, float eps" in decl
     assert "cudaStream_t stream" in decl
 
 
@@ -357,18 +358,23 @@ def test_driver_links_against_export_and_validates_arguments(
 
 def test_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
     nvcc = _nvcc()
-    gxx = shutil.which("g++")
+    gxx, gcc = shutil.which("g++"), shutil.which("gcc")
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
              str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
     include = next((Path(r) / "include" for r in roots
                     if r and (Path(r) / "include" / "cuda_runtime.h").is_file()), None)
-    if gxx is None or include is None:
-        pytest.skip("needs g++ and the CUDA headers (CUDA_HOME, or next to nvcc)")
-    problem = Problem(16384, "bfloat16")
-    export_kernel(default_config(problem), problem, tmp_path)
-    (tmp_path / "use.cpp").write_text(f'#include "{default_basename(problem)}.h"\n')
-    _run([gxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
-          "use.cpp"], tmp_path)
+    if gxx is None or gcc is None or include is None:
+        pytest.skip("needs g++, gcc and the CUDA headers (CUDA_HOME, or next to nvcc)")
+    for dtype in ("bfloat16", "float16", "float32"):
+        problem = Problem(16384, dtype)
+        export_kernel(default_config(problem), problem, tmp_path)
+        for name in ("use.cpp", "use.c"):
+            (tmp_path / name).write_text(f'#include "{default_basename(problem)}.h"\n')
+        _run([gxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
+              "use.cpp"], tmp_path)
+        # C has no __nv_bfloat16 or __half: the header declares CUDA's two-byte structs there.
+        _run([gcc, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
+              "use.c"], tmp_path)
 
 
 # -- export_from_db ---------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -155,6 +157,29 @@ def test_the_launcher_compiles_validates_and_sizes_as_the_runtime(
         assert line.split() == [str(grid), str(PARTIALS_OFFSET + 4 * floats)], (
             rows, sms, resident)
     assert len([line for line in lines if line]) == len(cases)
+
+
+def test_the_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
+    # A caller's host code includes the header without nvcc: C++ and C alike.
+    nvcc = _nvcc()
+    gxx, gcc = shutil.which("g++"), shutil.which("gcc")
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+    include = next((Path(r) / "include" for r in roots
+                    if r and (Path(r) / "include" / "cuda_runtime.h").is_file()), None)
+    if gxx is None or gcc is None or include is None:
+        pytest.skip("needs g++, gcc and the CUDA headers (CUDA_HOME, or next to nvcc)")
+    for name in ("ln-bf16-4096", "rms-fp16-4096-noweight", "add-ln-fp32-1024-nobias"):
+        _, problem, config = _case(name)
+        export_kernel(config, problem, tmp_path)
+        basename = default_basename(problem)
+        (tmp_path / "use.cpp").write_text(f'#include "{basename}.h"\n')
+        (tmp_path / "use.c").write_text(f'#include "{basename}.h"\n')
+        _run([gxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
+              "use.cpp"], tmp_path)
+        # C has no __nv_bfloat16 or __half: the header declares CUDA's two-byte structs there.
+        _run([gcc, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-I", str(include),
+              "use.c"], tmp_path)
 
 
 # -- GPU: the exported launcher equals the in-process kernel, bit for bit ----------------------

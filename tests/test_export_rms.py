@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from autonorm.codegen.spellings import CTYPES
 from autonorm.export import default_basename, export_kernel, render_export
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import smem_bytes
@@ -132,7 +133,10 @@ def test_the_manifest_lists_the_parameters_the_header_and_source_declare(
     for function, key in ((f"{name}_forward", "parameters"),
                           (f"{name}_forward_ws", "parameters_with_workspace")):
         listed = [(p["type"], p["name"]) for p in manifest[key]]
-        assert _declared(exported.header, function) == listed
+        # The header declares 16-bit elements by its typedef: CUDA's type in C++ (the
+        # manifest's), the two-byte struct in C.
+        header = exported.header.replace(f"{name}_elem", CTYPES[problem.dtype])
+        assert _declared(header, function) == listed
         assert _declared(exported.source, function) == listed
     names = [p["name"] for p in manifest["parameters"]]
     pointers = (["x", "residual"] if problem.residual else ["x"]) + (

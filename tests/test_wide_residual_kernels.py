@@ -144,7 +144,8 @@ def test_the_export_takes_float32_residual_and_h(tmp_path: Path) -> None:
     assert paths[0].name.startswith("autonorm_add_rms_bf16_h4096_f32res")
     assert re.search(r"const float\* residual,", header)
     assert re.search(r"float\* h,", header)
-    assert re.search(r"const __nv_bfloat16\* x,", header)
+    assert re.search(r"const autonorm_add_rms_bf16_h4096_f32res_elem\* x,", header)
+    assert "typedef __nv_bfloat16 autonorm_add_rms_bf16_h4096_f32res_elem;" in header
     assert "in float32 (residual and h are float32) and stored" in header
 
 

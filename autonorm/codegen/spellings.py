@@ -9,6 +9,10 @@ from __future__ import annotations
 
 CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 
+# The 16-bit types as C sees them: cuda_fp16.h and cuda_bf16.h define __half and __nv_bfloat16
+# for C++ only, and these two-byte structs for any compiler (an exported header's C form).
+C_CTYPES = {"float32": "float", "float16": "__half_raw", "bfloat16": "__nv_bfloat16_raw"}
+
 TO_FLOAT = {"float32": "a", "float16": "__half2float(a)", "bfloat16": "__bfloat162float(a)"}
 
 FROM_FLOAT = {

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any
 
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKernel
-from autonorm.codegen.spellings import CTYPES
+from autonorm.codegen.spellings import C_CTYPES, CTYPES
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.codegen import code_version, template_environment
 from autonorm.ops.layer_norm.config import KernelConfig
@@ -136,6 +136,18 @@ def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     }
 
 
+def element_names(dtype: str, basename: str) -> dict[str, str]:
+    """The header's names for the element type: ``elem`` in declarations, ``c_ctype`` for C.
+
+    A 16-bit export declares its functions with ``<basename>_elem``, CUDA's type in C++ and the
+    two-byte struct CUDA's header gives C (:data:`autonorm.codegen.spellings.C_CTYPES`), so C
+    callers (and binding generators that parse the header as C) can include it; fp32's stay
+    ``float``.
+    """
+    elem = "float" if dtype == "float32" else f"{basename}_elem"
+    return {"elem": elem, "c_ctype": C_CTYPES[dtype]}
+
+
 def _pointers(problem: RowProblem) -> tuple[list[str], list[str]]:
     """The launcher's pointer parameters after x: the inputs (read), then the outputs."""
     residual = problem.residual
@@ -222,6 +234,7 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "kernel_source": kernel.source,
         "dtype": problem.dtype,
         "ctype": CTYPES[problem.dtype],
+        **element_names(problem.dtype, basename),
         "ptypes": _pointer_types(problem),
         "h_stored": _h_stored(problem),
         "hidden": problem.hidden,

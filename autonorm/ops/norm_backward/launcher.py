@@ -26,6 +26,7 @@ from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import RenderedKernel
 from autonorm.codegen.spellings import CTYPES
 from autonorm.dtypes import SHORT_DTYPES
+from autonorm.ops.layer_norm.launcher import element_names
 from autonorm.ops.norm_backward.codegen import TEMPLATE_DIR, code_version
 from autonorm.ops.norm_backward.contract import grid_rule, grid_terms
 from autonorm.ops.norm_backward.problem import BackwardProblem
@@ -141,6 +142,7 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "kernel_source": kernel.source,
         "dtype": problem.dtype,
         "ctype": CTYPES[problem.dtype],
+        **element_names(problem.dtype, basename),
         "hidden": problem.hidden,
         "sums": problem.sums,
         "threads": plan.threads,
