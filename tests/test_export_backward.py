@@ -285,9 +285,9 @@ def test_the_exported_launcher_matches_the_in_process_kernel(tmp_path: Path, nam
                          _ptr(workspace), size.value - 1, None)
         assert short == 1  # cudaErrorInvalidValue
 
-    # No rows: nothing launches, the row tensors may be null, and sums over no rows are zero.
+    # No rows: nothing launches, the inputs may be null, and sums over no rows are zero.
     _, dw, db = outputs(1, x)
-    assert backward(0, 0, _ptr(w), 0, 0, _ptr(dw), _ptr(db), 0, eps, 0, 0, None) == 0
+    assert backward(0, 0, 0, 0, 0, _ptr(dw), _ptr(db), 0, eps, 0, 0, None) == 0
     cupy.cuda.runtime.deviceSynchronize()
     for sums in (dw, db):
         if sums is not None:
