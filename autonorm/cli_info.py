@@ -44,7 +44,7 @@ def _usable_sms(sm_count: int) -> int:
     The backward kernels size their grids to these (:func:`autonorm.runtime.driver.
     context_sm_count`); a count below the device's explains grids that fill less of it.
     """
-    from autonorm.runtime.driver import context_sm_count
+    from autonorm.runtime.driver import usable_sm_count
 
     try:
         import cupy
@@ -52,8 +52,7 @@ def _usable_sms(sm_count: int) -> int:
         cupy.cuda.runtime.free(0)  # makes the context the driver is asked about current
     except Exception:  # noqa: BLE001 - no CuPy or no GPU: the driver cannot say
         pass
-    limit = context_sm_count()
-    return min(sm_count, limit) if limit else sm_count
+    return usable_sm_count(sm_count)
 
 
 def _cupy() -> dict[str, Any]:

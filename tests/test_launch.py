@@ -274,7 +274,7 @@ def test_a_grid_barrier_counts_only_the_sms_its_context_may_use(monkeypatch, lim
     # Under MPS a block past the client's SMs finds none free until the launch ends, which it
     # cannot while the resident blocks wait for it at the barrier: the grid must fit the SMs
     # the context has.
-    monkeypatch.setattr(compiler, "context_sm_count", lambda: limit)
+    monkeypatch.setattr(driver, "context_sm_count", lambda: limit)
     compiler.usable_sms.cache_clear()
     try:
         sms = compiler.usable_sms(0, SM_COUNT)

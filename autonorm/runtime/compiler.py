@@ -26,8 +26,8 @@ from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.driver import (
     _RETRY_WITH_CUPY,
     _DriverLauncher,
-    context_sm_count,
     resident_clusters,
+    usable_sm_count,
     wrap_stream,
 )
 
@@ -252,8 +252,7 @@ def usable_sms(device_id: int, sm_count: int) -> int:
     count where the driver cannot say, or says more): kernels compiled in the primary context
     and launched later in a green context of fewer SMs keep the whole device's count.
     """
-    limit = context_sm_count()
-    return min(sm_count, limit) if limit else sm_count
+    return usable_sm_count(sm_count)
 
 
 def _warm_one(source: str, options: tuple[str, ...], name: str) -> str | None:

@@ -199,6 +199,15 @@ def context_sm_count() -> int | None:
     return min(counts) if counts else None
 
 
+def usable_sm_count(sm_count: int) -> int:
+    """``sm_count``, or fewer where the current context may use fewer (:func:`context_sm_count`).
+
+    The device's count stands where the driver cannot say, or says more.
+    """
+    limit = context_sm_count()
+    return min(sm_count, limit) if limit else sm_count
+
+
 def _affinity_sms(lib: Any) -> int | None:
     """The SM count of the current context's execution affinity (MPS), or None."""
     query = getattr(lib, "cuCtxGetExecAffinity", None)
