@@ -36,3 +36,15 @@ def dtype_names(dtype: str) -> dict[str, str]:
         "from_float": FROM_FLOAT[dtype],
         "from_float2": FROM_FLOAT2[dtype],
     }
+
+
+def element_names(dtype: str, basename: str) -> dict[str, str]:
+    """Return an exported header's names for ``dtype``: ``elem``, ``c_ctype``.
+
+    A 16-bit export declares its functions with ``<basename>_elem`` (``elem``): CUDA's type in
+    C++ and, in C, the two-byte struct CUDA's header gives C (``c_ctype``), so C callers and
+    binding generators that parse the header as C can include it. fp32's declarations stay
+    ``float``.
+    """
+    elem = "float" if dtype == "float32" else f"{basename}_elem"
+    return {"elem": elem, "c_ctype": C_CTYPES[dtype]}

@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any
 
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKernel
-from autonorm.codegen.spellings import C_CTYPES, CTYPES
+from autonorm.codegen.spellings import CTYPES, element_names
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.codegen import code_version, template_environment
 from autonorm.ops.layer_norm.config import KernelConfig
@@ -134,18 +134,6 @@ def manifest_entries(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
             "min_compute_capability": min_cc,
         },
     }
-
-
-def element_names(dtype: str, basename: str) -> dict[str, str]:
-    """The header's names for the element type: ``elem`` in declarations, ``c_ctype`` for C.
-
-    A 16-bit export declares its functions with ``<basename>_elem``, CUDA's type in C++ and the
-    two-byte struct CUDA's header gives C (:data:`autonorm.codegen.spellings.C_CTYPES`), so C
-    callers (and binding generators that parse the header as C) can include it; fp32's stay
-    ``float``.
-    """
-    elem = "float" if dtype == "float32" else f"{basename}_elem"
-    return {"elem": elem, "c_ctype": C_CTYPES[dtype]}
 
 
 def _pointers(problem: RowProblem) -> tuple[list[str], list[str]]:

@@ -24,9 +24,8 @@ from typing import Any
 
 from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import RenderedKernel
-from autonorm.codegen.spellings import CTYPES
+from autonorm.codegen.spellings import CTYPES, element_names
 from autonorm.dtypes import SHORT_DTYPES
-from autonorm.ops.layer_norm.launcher import element_names
 from autonorm.ops.norm_backward.codegen import TEMPLATE_DIR, code_version
 from autonorm.ops.norm_backward.contract import grid_rule, grid_terms
 from autonorm.ops.norm_backward.problem import BackwardProblem
