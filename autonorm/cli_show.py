@@ -148,12 +148,15 @@ def describe_export(manifest: dict[str, Any]) -> str:
     """Say what an export holds and which GPUs its source needs, from its manifest (two lines)."""
     from autonorm.export.arch import arch_name, describe_cc
 
-    extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
-             f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the header)"
-             if manifest.get("workspace_bytes") else "")
-    if manifest.get("function_workspace_bytes"):
+    if manifest.get("function_workspace_bytes"):  # a backward launcher's sizing function
         extra = (f"; {manifest['function_workspace_bytes']}() gives the bytes of workspace it "
                  "takes (see the header)")
+    elif manifest.get("workspace_bytes"):
+        extra = (f"; {manifest['function_with_workspace']}() takes a workspace of "
+                 f"{manifest['workspace_bytes']} bytes for the dynamic tile schedule (see the "
+                 "header)")
+    else:
+        extra = ""
     target = manifest["target"]
     least = target["min_compute_capability"]
     # A family without a host launcher exports its kernel alone: name the kernel then.
