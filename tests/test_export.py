@@ -356,7 +356,8 @@ def test_driver_links_against_export_and_validates_arguments(
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
-def test_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
+def _host_compilers() -> tuple[str, str, Path]:
+    """g++, gcc and the folder of the CUDA headers, for compiling a header without nvcc."""
     nvcc = _nvcc()
     gxx, gcc = shutil.which("g++"), shutil.which("gcc")
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
@@ -365,6 +366,11 @@ def test_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
                     if r and (Path(r) / "include" / "cuda_runtime.h").is_file()), None)
     if gxx is None or gcc is None or include is None:
         pytest.skip("needs g++, gcc and the CUDA headers (CUDA_HOME, or next to nvcc)")
+    return gxx, gcc, include
+
+
+def test_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
+    gxx, gcc, include = _host_compilers()
     for dtype in ("bfloat16", "float16", "float32"):
         problem = Problem(16384, dtype)
         export_kernel(default_config(problem), problem, tmp_path)

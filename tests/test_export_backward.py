@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import _nvcc, _run
+from test_export import _host_compilers, _nvcc, _run
 
 from autonorm.export import default_basename, export_kernel, render_export
 from autonorm.ops import registry
@@ -161,14 +159,7 @@ def test_the_launcher_compiles_validates_and_sizes_as_the_runtime(
 
 def test_the_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
     # A caller's host code includes the header without nvcc: C++ and C alike.
-    nvcc = _nvcc()
-    gxx, gcc = shutil.which("g++"), shutil.which("gcc")
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-             str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
-    include = next((Path(r) / "include" for r in roots
-                    if r and (Path(r) / "include" / "cuda_runtime.h").is_file()), None)
-    if gxx is None or gcc is None or include is None:
-        pytest.skip("needs g++, gcc and the CUDA headers (CUDA_HOME, or next to nvcc)")
+    gxx, gcc, include = _host_compilers()
     for name in ("ln-bf16-4096", "rms-fp16-4096-noweight", "add-ln-fp32-1024-nobias"):
         _, problem, config = _case(name)
         export_kernel(config, problem, tmp_path)
