@@ -329,11 +329,33 @@ def test_exported_source_compiles_with_plain_nvcc(
     nvcc = _nvcc()
     paths = export_kernel(config, problem, tmp_path)
     proc = _run(
-        [nvcc, "-arch=sm_90", "-std=c++17", "-Xcompiler", "-Wall,-Wextra", "-c", paths[0].name,
-         "-o", "exported.o"],
+        [nvcc, "-arch=sm_90", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-Wall,-Wextra",
+         paths[0].name, "-o", "libexported.so"],
         tmp_path,
     )
     assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
+    assert_exports_only_its_functions(tmp_path / "libexported.so", paths[0].stem)
+
+
+def assert_exports_only_its_functions(lib: Path, basename: str) -> None:
+    """Check that a shared library built from an export shares no launcher state.
+
+    Two exports of one basename (two configurations of one shape, in two plugins) may load into
+    one process. Only their C functions may be dynamic symbols: a launcher's cached device
+    answers shared through a unique symbol made the second use the first's, skipping its own
+    shared-memory opt-in.
+    """
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    listed = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True,
+                            text=True, check=True).stdout.split("\n")
+    symbols = [line.split()[1:] for line in listed if line.strip()]
+    unique = [name for kind, name in symbols if kind == "u"]
+    assert not unique, unique
+    ours = sorted(name for kind, name in symbols if kind == "T" and basename in name)
+    assert ours and all(name.startswith(f"{basename}_") for name in ours), ours
+    assert not [name for _, name in symbols if "_detail" in name]
 
 
 # One bulk kernel here (the cluster one): compiling both is test_exported_source_compiles_...'s job.

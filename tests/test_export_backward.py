@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_export import _host_compilers, _nvcc, _run
+from test_export import _host_compilers, _nvcc, _run, assert_exports_only_its_functions
 
 from autonorm.export import default_basename, export_kernel, render_export
 from autonorm.ops import registry
@@ -155,6 +155,22 @@ def test_the_launcher_compiles_validates_and_sizes_as_the_runtime(
         assert line.split() == [str(grid), str(PARTIALS_OFFSET + 4 * floats)], (
             rows, sms, resident)
     assert len([line for line in lines if line]) == len(cases)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_source_alone_builds_a_library_without_warnings(tmp_path: Path, name: str) -> None:
+    """The ``.cu`` as a user builds it (not included by a caller): no warning, no shared state."""
+    nvcc = _nvcc()
+    _, problem, config = _case(name)
+    exported = render_export(config, problem, device=H200)
+    for file, text in exported.files.items():
+        (tmp_path / file).write_text(text)
+    arch = "sm_90" if exported.manifest["target"]["min_compute_capability"] >= 90 else "sm_75"
+    lib = tmp_path / "libexport.so"
+    proc = _run([nvcc, f"-arch={arch}", "-std=c++17", "-shared", "-Xcompiler",
+                 "-fPIC,-Wall,-Wextra", f"{exported.basename}.cu", "-o", str(lib)], tmp_path)
+    assert "warning" not in (proc.stdout + proc.stderr).lower(), proc.stderr
+    assert_exports_only_its_functions(lib, exported.basename)
 
 
 def test_the_header_compiles_with_a_plain_host_compiler(tmp_path: Path) -> None:
