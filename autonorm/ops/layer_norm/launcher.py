@@ -23,7 +23,8 @@ import dataclasses
 from typing import Any
 
 from autonorm.codegen.kernel import DYNAMIC_MIN_TILES, LaunchPlan, RenderedKernel
-from autonorm.codegen.spellings import CTYPES, element_names
+from autonorm.codegen.launcher_context import shared_context
+from autonorm.codegen.spellings import CTYPES
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.codegen import code_version, template_environment
 from autonorm.ops.layer_norm.config import KernelConfig
@@ -204,34 +205,16 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     config, problem, plan = kernel.config, kernel.problem, kernel.launch
     inputs, outputs = _pointers(problem)
     return {
-        "basename": basename,
+        **shared_context(kernel, basename, code_version()),
         "title": _title(problem),
-        "rms": problem.norm == "rms",
-        "weight_offset": problem.weight_offset,
-        "residual": problem.residual,
         "scale": _scale(problem),
         "inputs": inputs,
         "outputs": outputs,
         "tensors": ["x", *inputs, *outputs],
         "kernel_args": _kernel_args(problem),
-        "guard": f"{basename.upper()}_H_",
-        "macro": basename.upper(),
-        "version": code_version(),
-        "label": config.label(),
-        "kernel": kernel.name,
-        "kernel_source": kernel.source,
-        "dtype": problem.dtype,
-        "ctype": CTYPES[problem.dtype],
-        **element_names(problem.dtype, basename),
         "ptypes": _pointer_types(problem),
         "h_stored": _h_stored(problem),
-        "hidden": problem.hidden,
-        "has_weight": problem.has_weight,
-        "has_bias": problem.has_bias,
-        "threads": plan.threads,
-        "smem_bytes": plan.smem_bytes,
         "rows_per_block": plan.rows_per_block,
-        "cluster": plan.cluster,
         "blocks_per_sm": plan.blocks_per_sm,
         "resident": plan.resident,
         "workspace_bytes": _workspace_bytes(config),

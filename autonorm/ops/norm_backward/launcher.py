@@ -24,7 +24,8 @@ from typing import Any
 
 from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import RenderedKernel
-from autonorm.codegen.spellings import CTYPES, element_names
+from autonorm.codegen.launcher_context import shared_context
+from autonorm.codegen.spellings import CTYPES
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.norm_backward.codegen import TEMPLATE_DIR, code_version
 from autonorm.ops.norm_backward.contract import grid_rule, grid_terms
@@ -120,35 +121,16 @@ def _title(problem: BackwardProblem) -> str:
 def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
     problem, plan = kernel.problem, kernel.launch
     inputs, outputs = _pointers(problem)
-    terms = grid_terms(plan)
     return {
-        "basename": basename,
+        **shared_context(kernel, basename, code_version()),
         "title": _title(problem),
-        "rms": problem.norm == "rms",
-        "weight_offset": problem.weight_offset,
-        "residual": problem.residual,
-        "has_weight": problem.has_weight,
-        "has_bias": problem.has_bias,
         "inputs": inputs,
         "outputs": outputs,
         "parameters": launcher_parameters(problem),
         "kernel_args": _kernel_args(problem),
-        "guard": f"{basename.upper()}_H_",
-        "macro": basename.upper(),
-        "version": code_version(),
-        "label": kernel.config.label(),
-        "kernel": kernel.name,
-        "kernel_source": kernel.source,
-        "dtype": problem.dtype,
-        "ctype": CTYPES[problem.dtype],
-        **element_names(problem.dtype, basename),
-        "hidden": problem.hidden,
         "sums": problem.sums,
-        "threads": plan.threads,
-        "smem_bytes": plan.smem_bytes,
-        "cluster": plan.cluster,
         "barrier": plan.barrier,
-        **terms,
+        **grid_terms(plan),
         "grid_rule": grid_rule(plan),
         "counter_bytes": COUNTER_BYTES,
         "partials_offset": PARTIALS_OFFSET,
