@@ -37,13 +37,10 @@ def _model_problems(ctx: click.Context, configs: tuple[str, ...], op: str, hidde
     """
     from autonorm.tune import model_config, plan
 
-    # The norm a config is read as: a backward family's forward.
-    forward = op.removesuffix("_backward") if _given(ctx, "op") else None
     try:
-        norms = [n for path in configs
-                 for n in model_config.read_model_config(path, op=forward)]
+        norms = model_config.read_norms(configs, op=op if _given(ctx, "op") else None,
+                                        backward=backward)
         if backward:
-            norms = model_config.backward_norms(norms)
             op = backward_op(op)
         shapes = plan.expand(
             ops=[op] if _given(ctx, "op") else [], hiddens=[hidden] if hidden else [],

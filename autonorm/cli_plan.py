@@ -235,13 +235,9 @@ def _plan(*, ops: Sequence[str], hiddens: Sequence[int], dtypes: Sequence[str],
         click.BadParameter: a config or option the plan cannot use (naming it).
         click.UsageError: a shape whose op's problem cannot take it (:func:`_problems`).
     """
-    # The norm a config is read as (expand gives each norm every op of --op): a backward
-    # family's forward, whose name says whether Gemma's 1 + weight applies.
-    op = ops[0].removesuffix("_backward") if ops else None
     try:
-        norms = [n for path in configs for n in model_config.read_model_config(path, op=op)]
-        if backward:
-            norms = model_config.backward_norms(norms)
+        # Read as the first op of --op: expand gives each norm every op of --op.
+        norms = model_config.read_norms(configs, op=ops[0] if ops else None, backward=backward)
         shapes = plan.expand(ops=ops, hiddens=hiddens, dtypes=dtypes, rows=rows,
                              default_rows=default_rows, norms=norms, has_weight=not no_weight,
                              has_bias=not no_bias, weight_offset=weight_offset,

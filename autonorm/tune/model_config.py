@@ -194,3 +194,22 @@ def read_model_config(path: str | Path, *, op: str | None = None) -> list[ModelN
     except ValueError as exc:
         raise PlanError("--config", f"{path}: not JSON: {exc}") from None
     return norms_of_config(config, str(path), op=op)
+
+
+def read_norms(paths: Sequence[str | Path], *, op: str | None = None,
+               backward: bool = False) -> list[ModelNorm]:
+    """Read every model config of ``paths`` and return their norms, in order.
+
+    Args:
+        paths: the models' ``config.json`` files (``--config``).
+        op: the op the norms are read as (``--op``), or None for what each config says; a
+            backward family reads as its forward, whose name says whether Gemma's
+            ``1 + weight`` applies.
+        backward: return the backward of each norm (:func:`backward_norms`).
+
+    Raises:
+        PlanError: a file :func:`read_model_config` refuses.
+    """
+    forward = op.removesuffix("_backward") if op else None
+    norms = [n for path in paths for n in read_model_config(path, op=forward)]
+    return backward_norms(norms) if backward else norms
