@@ -6,7 +6,7 @@ reduction of the kernels is broken by a patch of its rendered source, at the clu
 shipped winners (2, 4 and 8), in fp32, fp16 and bf16: the bulk-copy kernel's Chan merge in the
 shipped winners' own kernels, and the row kernel's cluster sums (two-pass) and Chan merge
 (Welford). Each unpatched kernel must pass, each patched one must fail, on the merge cases.
-Then every shipped winner is verified on all the cases.
+Then every shipped winner, of every family, is verified on all its family's cases.
 
 The patches are checked on the CPU as well (each must change its kernel's source exactly where
 intended; a patch that matches nothing fails). Every kernel is compiled up front by a pool of
@@ -176,7 +176,7 @@ def _shipped() -> list:
 @pytest.fixture(scope="module")
 def compiled() -> Iterator[Callable]:
     """Compile every kernel of this module in a pool up front; return ``compile(rendered)``."""
-    from autonorm.ops.layer_norm.family import FAMILY
+    from autonorm.ops import registry
     from autonorm.runtime import compiler
     from autonorm.runtime.device import query_device
 
@@ -189,8 +189,9 @@ def compiled() -> Iterator[Callable]:
         for patches in breaks.values():
             sources.append(_replace(rendered, patched(rendered.source, patches)))
     for winner in _shipped():
-        problem = FAMILY.problem(**json.loads(winner.key.problem))
-        sources.append(FAMILY.render(FAMILY.config_from_dict(winner.config), problem, limits))
+        family = registry.get(winner.key.op)
+        problem = family.problem(**json.loads(winner.key.problem))
+        sources.append(family.render(family.config_from_dict(winner.config), problem, limits))
     pool = compiler.CompilePool(workers=max(1, min(16, (os.cpu_count() or 2) - 1)))
     for rendered in sources:
         pool.submit(rendered, info.arch)
@@ -238,26 +239,35 @@ def test_a_broken_merge_is_rejected(compiled, dtype, hidden, label, breaks):
 
 @pytest.mark.gpu
 def test_every_shipped_winner_passes_every_case(compiled):
-    from autonorm.ops.layer_norm.family import FAMILY
-    from autonorm.ops.layer_norm.verify import verify
+    # Every family's winners, each verified as the tuner verifies a candidate: by its family's
+    # workload (the forward norms on the cases above, merge cases among them; the backwards on
+    # theirs). One row of timed input: verification runs on the cases' own rows.
+    from autonorm.ops import registry
     from autonorm.runtime.device import query_device
 
     limits = query_device().limits()
     winners = _shipped()
     assert winners, "the shipped database has no winners"
+    ops = {w.key.op for w in winners}
+    assert {"layer_norm", "layer_norm_backward"} <= ops, ops
     failures = []
     worst: dict[str, tuple[float, str]] = {}
     for winner in winners:
-        problem = FAMILY.problem(**json.loads(winner.key.problem))
-        config = FAMILY.config_from_dict(winner.config)
-        result = verify(compiled(FAMILY.render(config, problem, limits)), problem,
-                        cases=_cases(problem))
-        name = f"{problem.describe()} rows<={winner.key.rows_bucket} {config.label()}"
+        family = registry.get(winner.key.op)
+        problem = family.problem(**json.loads(winner.key.problem))
+        config = family.config_from_dict(winner.config)
+        kernel = compiled(family.render(config, problem, limits))
+        result = family.workload(problem, 1).verify(kernel)
+        name = (f"{winner.key.op} {problem.describe()} rows<={winner.key.rows_bucket} "
+                f"{config.label()}")
         if not result.ok:
             failures.append(f"{name}: {result.summary()}")
-        merge = max(e.rel_l2 for case, e in result.errors.items() if _is_merge_case(case))
-        worst[problem.dtype] = max(worst.get(problem.dtype, (0.0, "")), (merge, name))
-    print(f"\n{len(winners)} shipped winners verified on every case")
-    for dtype, (err, name) in sorted(worst.items()):
-        print(f"  {dtype}: worst merge-case rel_l2 {err:.2e} ({name})")
+        assert result.errors, f"{name}: no case was checked"
+        merges = [e.rel_l2 for case, e in result.errors.items() if _is_merge_case(case)]
+        if merges:
+            key = f"{winner.key.op} {problem.dtype}"
+            worst[key] = max(worst.get(key, (0.0, "")), (max(merges), name))
+    print(f"\n{len(winners)} shipped winners of {len(ops)} families verified on every case")
+    for key, (err, name) in sorted(worst.items()):
+        print(f"  {key}: worst merge-case rel_l2 {err:.2e} ({name})")
     assert not failures, "\n".join(failures)
