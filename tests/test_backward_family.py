@@ -21,6 +21,10 @@ from autonorm.ops.norm_backward.config import BackwardConfig
 from autonorm.ops.norm_backward.few_rows import (
     FEW_ROWS,
     FEW_THREADS,
+    ONE_ROW_MAX_BYTES,
+    ONE_ROW_MIN_BYTES,
+    ONE_ROW_THREADS,
+    ONE_ROW_VEC,
     REREAD_MIN_ROW_BYTES,
     REREAD_ROW_BYTES,
     REREAD_ROWS,
@@ -302,8 +306,9 @@ def test_default_takes_the_bulk_kernel_measured_fastest(op, dtype, hidden, label
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("hidden", [1, 7, 768, 1000, 1024, 4096, 4099, 8192, 12288, 65536])
 def test_few_rows_take_small_blocks_or_sum_from_the_rows(op: str, dtype: str, hidden: int) -> None:
-    # At one row, and up to FEW_ROWS rows of more than REREAD_ROW_BYTES: 128 threads, one to
-    # four vectors a thread, the row over a cluster of up to four. From 2 rows (past the groups)
+    # At one row (where the row in registers does not serve it), and up to FEW_ROWS rows of more
+    # than REREAD_ROW_BYTES: 128 threads, one to four vectors a thread, the row over a cluster
+    # of up to four. From 2 rows (past the groups)
     # up to REREAD_ROWS: the default of many rows summing from the rows, where it is a bulk
     # kernel of whole rows of REREAD_MIN_ROW_BYTES or more. Past REREAD_ROWS the default of
     # any row count; every pick valid.
@@ -322,7 +327,9 @@ def test_few_rows_take_small_blocks_or_sum_from_the_rows(op: str, dtype: str, hi
         assert pick in family.space(problem, H200)
         keep_few = small and (rows == 1 or (
             rows <= FEW_ROWS and hidden * problem.itemsize > REREAD_ROW_BYTES))
-        if keep_few:
+        if keep_few and rows == 1 and pick.cache == "registers":
+            assert (pick.vec, pick.blocks_per_sm, pick.cluster) == (ONE_ROW_VEC, 1, 1)
+        elif keep_few:
             shape = (pick.threads, pick.vec, pick.cache, pick.stages)
             assert shape == (FEW_THREADS, vec, "bulk", 2)
             assert pick.cluster == max(c for c in (1, 2, 4) if hidden // c >= FEW_THREADS * vec)
@@ -340,7 +347,7 @@ def test_few_rows_default_is_the_form_measured_fastest() -> None:
     # docs/backward.md).
     family = registry.get("layer_norm_backward")
     problem = family.problem(hidden=4096, dtype="bfloat16")
-    assert family.default(problem, H200, 1).label() == "t128v8-bulk-accregisters-p1-s2-c4"
+    assert family.default(problem, H200, 1).label() == "t256v4-registers-accregisters-p1"
     assert family.default(problem, H200, 8).groups > 1
     for rows in (9, 64, 256):
         assert family.default(problem, H200, rows).label() == "t256v8-bulk-accreread-p1-s4-h-l"
@@ -350,6 +357,56 @@ def test_few_rows_default_is_the_form_measured_fastest() -> None:
     assert family.default(fp32, H200, 64).label() == "t128v4-bulk-accregisters-p1-s2-c4"
     assert family.default(fp32, H200, 128).acc == "reread"
     assert family.default(problem, A100, 8).cache != "bulk"
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("hidden", [512, 768, 1000, 1024, 2048, 4096, 4099, 6144, 8192, 16384])
+def test_one_row_holds_short_rows_in_registers(op: str, dtype: str, hidden: int) -> None:
+    # At one row, rows of ONE_ROW_MIN_BYTES to the norm's ONE_ROW_MAX_BYTES that the vector of
+    # ONE_ROW_VEC elements divides take one block holding the row in registers, the fewest
+    # threads that run it, sums in registers where those run; other rows keep the few-row
+    # form's bulk copy, and two rows the groups.
+    family = registry.get(op)
+    problem = family.problem(hidden=hidden, dtype=dtype)
+    pick = family.default(problem, H200, 1)
+    assert check(pick, problem, H200) == []
+    row_bytes = hidden * problem.itemsize
+    held = (ONE_ROW_MIN_BYTES <= row_bytes <= ONE_ROW_MAX_BYTES[problem.norm]
+            and hidden % ONE_ROW_VEC == 0)
+    if not held:
+        assert pick.cache != "registers" or hidden % (16 // problem.itemsize)
+        return
+    assert (pick.cache, pick.vec, pick.blocks_per_sm, pick.prefetch) == (
+        "registers", ONE_ROW_VEC, 1, False)
+    assert pick.threads in ONE_ROW_THREADS
+    # Every form the rule tries before its pick (sums in registers first, then the fewest
+    # threads) cannot run the problem.
+    fewer = [dataclasses.replace(pick, threads=t, acc=a) for t in ONE_ROW_THREADS
+             for a in ("registers", "smem") if (a, t) < (pick.acc, pick.threads)]
+    assert all(check(c, problem, H200) for c in fewer), [c.label() for c in fewer]
+    assert family.default(problem, H200, 2).cache == "bulk"
+    assert family.default(problem, A100, 1).cache != "bulk"
+
+
+def test_one_row_defaults_are_the_kernels_measured_fastest() -> None:
+    # By CUDA-graph replay at one row (H100, docs/backward.md): LayerNorm bf16 4096 3.4 us
+    # against the few-row form's 3.7, RMSNorm bf16 4096 2.3 against 3.3, fp32 1024 1.5 against
+    # 2.8; LayerNorm bf16 8192 (16 KB) keeps the few-row form, 4.4 us against 5.5.
+    ln, rms = registry.get("layer_norm_backward"), registry.get("rms_norm_backward")
+    cases = [(ln, "bfloat16", 1024, "t128v4-registers-accregisters-p1"),
+             (ln, "bfloat16", 4096, "t256v4-registers-accregisters-p1"),
+             (ln, "float32", 1024, "t128v4-registers-accregisters-p1"),
+             (rms, "bfloat16", 4096, "t128v4-registers-accregisters-p1"),
+             (rms, "bfloat16", 8192, "t256v4-registers-accregisters-p1"),
+             (rms, "float32", 1024, "t128v4-registers-accregisters-p1"),
+             (rms, "float32", 4096, "t128v4-registers-accregisters-p1"),
+             (ln, "bfloat16", 8192, "t128v8-bulk-accregisters-p1-s2-c4"),
+             (ln, "float32", 4096, "t128v4-bulk-accregisters-p1-s2-c4"),
+             (rms, "float32", 8192, "t128v4-bulk-accregisters-p1-s2-c4")]
+    for family, dtype, hidden, label in cases:
+        problem = family.problem(hidden=hidden, dtype=dtype)
+        assert family.default(problem, H200, 1).label() == label, (family.op, dtype, hidden)
 
 
 def test_long_rows_keep_sums_out_of_l2_behind_bulk_stages() -> None:

@@ -55,14 +55,14 @@ def _compile(kernel):  # noqa: ANN001, ANN202
 
 
 def _cover(family, problem, limits, rng: random.Random) -> list:  # noqa: ANN001
-    """The default (at any rows, at few rows, at the groups' and at the rereading buckets), and
-    one pick of the space, of its whole-row bulk kernels, its clusters, its bulk kernels holding
-    the row in registers and its groups."""
+    """The default (at any rows, at one row, at few rows, at the groups' and at the rereading
+    buckets), and one pick of the space, of its whole-row bulk kernels, its clusters, its bulk
+    kernels holding the row in registers and its groups."""
     space = family.space(problem, limits)
     bulk = [c for c in space if c.cache == "bulk" and c.cluster == 1]
     clustered = [c for c in space if c.cluster > 1]
     picks = [family.default(problem, limits, rows)
-             for rows in (None, FEW_ROWS, 2, 4, GROUP_ROWS, REREAD_ROWS)]
+             for rows in (None, 1, FEW_ROWS, 2, 4, GROUP_ROWS, REREAD_ROWS)]
     picks += rng.sample(space, min(PICKS, len(space)))
     picks += rng.sample(bulk, min(PICKS, len(bulk)))
     picks += rng.sample(clustered, min(PICKS, len(clustered)))

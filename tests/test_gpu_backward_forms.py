@@ -1,7 +1,8 @@
 """GPU: the backward defaults at few rows verify in every form of both norms.
 
-At 2-256 rows the default is the groups' (2-8 rows), the kernel forming the column sums again
-from the rows (``acc="reread"``; docs/backward.md) or the few-row form. ``test_gpu_backward``
+At one row the default holds a short row in registers; at 2-256 rows it is the groups' (2-8
+rows), the kernel forming the column sums again from the rows (``acc="reread"``;
+docs/backward.md) or the few-row form. ``test_gpu_backward``
 covers the plain problems; these are the others: LayerNorm without a bias and without weight
 and bias, RMSNorm with Gemma's ``1 + weight`` and without a weight, and both after the fused
 residual add, in every dtype, at hidden sizes the rule sends to each form, and with them the
@@ -28,7 +29,7 @@ FORMS = {
     "rms_norm_backward": ({"weight_offset": True}, {"has_weight": False}, {"residual": True}),
 }
 HIDDEN = (1000, 4096, 8192)
-ROWS = (8, 64, REREAD_ROWS, None)  # None: the grid's, 2^26 // hidden
+ROWS = (1, 8, 64, REREAD_ROWS, None)  # None: the grid's, 2^26 // hidden
 
 
 @pytest.fixture(scope="module")

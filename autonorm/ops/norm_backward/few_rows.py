@@ -1,4 +1,4 @@
-"""The backward defaults at few rows: small blocks, groups of blocks, sums formed from the rows.
+"""The backward defaults at few rows: a row in registers, small blocks, groups, rows reread.
 
 At few rows a backward is a launch, a few row reductions and the column sums meeting: its time
 is latency, and the kernel that wins is not the one that streams many rows fastest.
@@ -41,6 +41,21 @@ GROUP_ROWS_PER_BLOCK = 2
 GROUP_BLOCK_BYTES = 16 * 1024
 
 
+# At one row a backward is one block's chain of dependent steps: a launch, the row's loads, its
+# reductions and its stores. A row held in registers, loaded straight from global memory in
+# vectors of ONE_ROW_VEC elements, spares the bulk copy's trip through shared memory. By
+# CUDA-graph replay (H100, both norms, bf16 and fp32, hidden 1024-8192, docs/backward.md) it
+# ran 1.5-3.4 us where the few-row form took 2.0-3.7 (x1.09-1.87) on rows of 2 KB to 8 KB, and
+# RMSNorm's on rows of 16 KB (x1.09-1.36); LayerNorm's lost on rows of 16 KB (x0.84, x0.80)
+# and RMSNorm's on rows of 32 KB (x0.78). Vectors of eight 16-bit elements ran slower than of
+# four (RMSNorm bf16 4096: 2.9-3.3 us against 2.2-2.5). Rows under ONE_ROW_MIN_BYTES (shorter
+# than any timed) keep the few-row form.
+ONE_ROW_VEC = 4
+ONE_ROW_THREADS = (128, 256, 512)
+ONE_ROW_MIN_BYTES = 2 * 1024
+ONE_ROW_MAX_BYTES = {"layer": 8 * 1024, "rms": 16 * 1024}
+
+
 # Up to REREAD_ROWS rows (a rows bucket) the column sums are formed again from the rows, in L2
 # (acc="reread"), by the bulk kernel that streams many rows fastest, where it takes whole rows:
 # no partial rows and no taker takes more than one row. By CUDA-graph replay (H200, both norms,
@@ -72,6 +87,27 @@ def _few_rows_form(
     for cluster in sorted(clusters, reverse=True):
         for acc in ("registers", "smem"):
             form = Config(threads, vec, "bulk", acc, 1, stages=2, cluster=cluster)
+            if not check(form, problem, device):
+                return form
+    return None
+
+
+def _one_row_form(problem: BackwardProblem, device: object) -> Config | None:
+    """The default at one row where its row is 2 KB to 8 KB (16 KB for RMSNorm), or None.
+
+    The row in registers (no bulk copy) in vectors of :data:`ONE_ROW_VEC` elements, one block of
+    the fewest of :data:`ONE_ROW_THREADS` threads that runs it, its sums in registers (else
+    shared memory at those threads); None where the row's size is out of that range, the vector
+    does not divide it, or no such kernel runs.
+    """
+    row_bytes = problem.hidden * problem.itemsize
+    if not ONE_ROW_MIN_BYTES <= row_bytes <= ONE_ROW_MAX_BYTES[problem.norm]:
+        return None
+    if problem.hidden % ONE_ROW_VEC:
+        return None
+    for acc in ("registers", "smem"):
+        for threads in ONE_ROW_THREADS:
+            form = Config(threads, ONE_ROW_VEC, "registers", acc, 1)
             if not check(form, problem, device):
                 return form
     return None
@@ -140,7 +176,8 @@ def few_rows_default(
 ) -> Config | None:
     """The default at ``rows`` rows, or None where the default of many rows stands.
 
-    Up to :data:`GROUP_ROWS` rows, :func:`_groups_form` where it runs; then, up to
+    At one row, where the few-row form runs (a bulk-copy kernel), :func:`_one_row_form` where
+    it applies. Up to :data:`GROUP_ROWS` rows, :func:`_groups_form` where it runs; then, up to
     :data:`REREAD_ROWS` rows past one, the kernel of many rows summing from the rows
     (:func:`_reread_form`), unless the few-row form runs and the rows are of more than
     :data:`REREAD_ROW_BYTES`; else, up to :data:`FEW_ROWS` rows, :func:`_few_rows_form`.
@@ -155,6 +192,10 @@ def few_rows_default(
     if bucket > REREAD_ROWS:
         return None
     few = _few_rows_form(problem, device) if bucket <= FEW_ROWS else None
+    if bucket == 1 and few is not None:
+        one = _one_row_form(problem, device)
+        if one is not None:
+            return one
     grouped = _groups_form(problem, device, rows, few)
     if grouped is not None:
         return grouped
