@@ -386,7 +386,8 @@ def test_one_row_holds_short_rows_in_registers(op: str, dtype: str, hidden: int)
              for a in ("registers", "smem") if (a, t) < (pick.acc, pick.threads)]
     assert all(check(c, problem, H200) for c in fewer), [c.label() for c in fewer]
     assert family.default(problem, H200, 2).cache == "bulk"
-    assert family.default(problem, A100, 1).cache != "bulk"
+    # Only where the few-row bulk form runs: before Hopper one row keeps the default of any rows.
+    assert family.default(problem, A100, 1) == family.default(problem, A100)
 
 
 def test_one_row_defaults_are_the_kernels_measured_fastest() -> None:
