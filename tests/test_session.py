@@ -56,6 +56,28 @@ def run(evaluator: FakeEvaluator, **kwargs):
     )
 
 
+def favouring(defender, factor: float):
+    """A finals retime: 10 us for ``defender``, about ``factor`` of that for the others."""
+    def retime(config):
+        if config == defender:
+            return 10.0, 0.002
+        return 10.0 * factor + 0.001 * fake_median_us(config), 0.002
+
+    return retime
+
+
+def check_finals(tuned, evaluator: FakeEvaluator, defender, kept: bool, user_db: Path) -> None:
+    """The defender was re-timed first; it stayed if ``kept``, else the fastest challenger won."""
+    ((contenders, _),) = evaluator.retimed
+    assert contenders[0] == defender and defender not in contenders[1:]
+    if kept:
+        assert tuned.config == defender and tuned.timing.median_us == 10.0
+    else:
+        assert tuned.config == min(contenders[1:], key=fake_median_us)
+    with TuningDB(user_db) as db:
+        assert db.get_winner(tuned.key).config == tuned.config.to_dict()
+
+
 def test_the_winner_is_stored_with_its_kernel_digest_and_every_trial_is_recorded(user_db):
     evaluator = FakeEvaluator()
     seen = []
@@ -92,13 +114,7 @@ def test_the_winner_is_stored_with_its_kernel_digest_and_every_trial_is_recorded
 def test_a_second_run_defends_the_incumbent_unless_clearly_beaten(user_db, factor, kept):
     first = run(FakeEvaluator())
     incumbent = first.config
-
-    def retime(config):
-        if config == incumbent:
-            return 10.0, 0.002
-        return 10.0 * factor + 0.001 * fake_median_us(config), 0.002
-
-    evaluator = FakeEvaluator(retime_fn=retime)
+    evaluator = FakeEvaluator(retime_fn=favouring(incumbent, factor))
     second = run(evaluator, settings=TuneSettings(n_trials=12, batch=4, finals_top=3))
     ((contenders, _),) = evaluator.retimed
     assert contenders[0] == incumbent  # defended: it was still valid and renders the same
@@ -140,24 +156,59 @@ def test_with_nothing_stored_the_default_defends_unless_clearly_beaten(user_db, 
     # Dispatch runs the default where nothing is stored: the finals re-time it beside the
     # challengers, and it stays unless one is faster by more than the noise.
     default = FAMILY.default(PROBLEM, H200, ROWS)
-
-    def retime(config):
-        if config == default:
-            return 10.0, 0.002
-        return 10.0 * factor + 0.001 * fake_median_us(config), 0.002
-
-    evaluator = FakeEvaluator(retime_fn=retime)
+    evaluator = FakeEvaluator(retime_fn=favouring(default, factor))
     tuned = run(evaluator)
-    ((contenders, _),) = evaluator.retimed
-    assert contenders[0] == default and default not in contenders[1:]
+    check_finals(tuned, evaluator, default, kept, user_db)
     assert tuned.default_kept is kept and tuned.incumbent_kept is False
     assert tuned.kept_note == (" (default kept)" if kept else "")
-    if kept:
-        assert tuned.config == default and tuned.timing.median_us == 10.0
-    else:
-        assert tuned.config == min(contenders[1:], key=fake_median_us)
+
+
+def _ship(tmp_path, monkeypatch, config, rows: int) -> None:
+    """A shipped database whose one winner, ``config`` at ``rows``, is this fake H200's."""
+    from autonorm.store.snapshot import write_snapshot
+
+    with TuningDB(tmp_path / "work.db") as work:
+        work.record_device(DEVICE)
+        work.set_winner(TuningKey.for_problem(DEVICE.fingerprint, PROBLEM, rows),
+                        config.to_dict(), {"median_us": 1.0}, digest_of(config))
+        write_snapshot(work, tmp_path / "shipped.db")
+    monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
+    monkeypatch.setenv("AUTONORM_SHIPPED_DB", str(tmp_path / "shipped.db"))
+
+
+@pytest.mark.parametrize(("shipped_rows", "source"),
+                         [(ROWS, "shipped"), (4 * ROWS, "shipped-nearest")])
+@pytest.mark.parametrize(("factor", "kept"), [(0.99, True), (0.90, False)])
+def test_with_nothing_stored_what_dispatch_runs_defends(user_db, tmp_path, monkeypatch,
+                                                        shipped_rows, source, factor, kept):
+    # Dispatch runs the shipped winner of this key (or of a bucket near it) where the user's
+    # database holds none: tuning measures it first and keeps it unless a challenger is
+    # clearly faster, so that a tuned winner never runs slower than what ran before.
+    default = FAMILY.default(PROBLEM, H200, ROWS)
+    pick = next(c for c in FAMILY.seeds(PROBLEM, H200, ROWS)[1:] if c != default)
+    _ship(tmp_path, monkeypatch, pick, shipped_rows)
     with TuningDB(user_db) as db:
-        assert db.get_winner(tuned.key).config == tuned.config.to_dict()
+        running = session.running_pick(db, PROBLEM, ROWS, DEVICE, H200)
+    assert running.config == pick and running.source == source
+    evaluator = FakeEvaluator(retime_fn=favouring(pick, factor))
+    tuned = run(evaluator)
+    assert evaluator.calls[0] == pick  # measured first, before the family's seeds
+    check_finals(tuned, evaluator, pick, kept, user_db)
+    assert tuned.running_kept is kept and tuned.default_kept is False
+    assert tuned.kept_note == (f" ({source} kept)" if kept else "")
+
+
+def test_with_the_shipped_database_switched_off_the_default_defends(user_db, tmp_path,
+                                                                    monkeypatch):
+    default = FAMILY.default(PROBLEM, H200, ROWS)
+    pick = next(c for c in FAMILY.seeds(PROBLEM, H200, ROWS)[1:] if c != default)
+    _ship(tmp_path, monkeypatch, pick, ROWS)
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
+    evaluator = FakeEvaluator()
+    tuned = run(evaluator)
+    ((contenders, _),) = evaluator.retimed
+    assert evaluator.calls[0] == default and contenders[0] == default
+    assert tuned.kept in (None, "default")
 
 
 def test_a_default_that_failed_verification_does_not_defend(user_db):

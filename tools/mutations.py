@@ -210,6 +210,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{SESSION}::test_a_second_run_defends_the_incumbent_unless_clearly_beaten",),
     ),
     Mutation(
+        "running-pick-never-defends",
+        "with nothing stored, a shipped winner that dispatch runs does not defend",
+        "autonorm/tune/session.py",
+        "        running = None if incumbent is not None else running_pick(",
+        "        running = None if True else running_pick(",
+        (f"{SESSION}::test_with_nothing_stored_what_dispatch_runs_defends",),
+    ),
+    Mutation(
         "stale-incumbent-defended", "a winner whose kernel changed is defended as the incumbent",
         "autonorm/tune/session.py", "    return config if status == lookup.USABLE else None",
         "    return config",

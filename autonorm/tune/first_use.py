@@ -273,7 +273,9 @@ def _search(
 ) -> TunedKernel:
     """Run the short search and store its winner; append the current choice's time to ``before``.
 
-    The current choice is measured first, so the search's winner is never one it beat.
+    The current choice is measured first and defends in the finals
+    (:func:`autonorm.tune.session.tune_and_store`): the winner stored is it, or one that
+    the finals timed clearly faster.
     """
     import optuna
 

@@ -2,7 +2,8 @@
 
 :func:`tune_and_store` is what ``autonorm tune`` and ``benchmarks/tune_grid.py`` (which builds
 the shipped database) both run. It records the device, finds the incumbent (the stored winner
-of the same key, if it still renders to the kernel that was timed), searches with crash
+of the same key, if it still renders to the kernel that was timed; else what dispatch runs for
+the key now, :func:`running_pick`), searches with crash
 isolation (a faulting kernel costs one candidate, not the study: :mod:`autonorm.tune.isolation`),
 records every trial's outcome in the tuning database and stores the winner with the digest of
 its kernel (docs/tuning.md).
@@ -54,8 +55,10 @@ class TunedKernel:
         metrics: what was stored with it (timing, rows, trials, copy bandwidth).
         kernel: :func:`autonorm.codegen.environment.kernel_digest` of its rendered source.
         kept: which defender stayed because no challenger beat it clearly: ``"incumbent"``
-            (the winner stored before), ``"default"`` (with none stored, the family's default,
-            now stored as the winner) or None.
+            (the winner stored before); with none stored, where dispatch found what it ran
+            (:func:`running_pick`, now stored as the winner): ``"default"`` (the family's
+            default), ``"shipped"``, ``"shipped-nearest"``, ``"shipped-neighbour"``,
+            ``"user-nearest"`` or ``"user-neighbour"``; or None.
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations of the study, by failure class.
         elapsed_s: wall-clock seconds of the call, workers and finals included.
@@ -94,6 +97,11 @@ class TunedKernel:
         return self.kept == "default"
 
     @property
+    def running_kept(self) -> bool:
+        """True when, with none stored before, what dispatch ran stayed (default or not)."""
+        return self.kept not in (None, "incumbent")
+
+    @property
     def kept_note(self) -> str:
         """What the tools print after the winner's label when a defender stayed, else ''."""
         return f" ({self.kept} kept)" if self.kept else ""
@@ -116,6 +124,32 @@ def incumbent_of(
     except (TypeError, ValueError):  # a configuration this family cannot read or render
         return None
     return config if status == lookup.USABLE else None
+
+
+def running_pick(
+    db: TuningDB, problem: Problem, rows: int, device: DeviceInfo, limits: DeviceLimits
+) -> lookup.Choice:
+    """Return what dispatch runs for ``problem`` at ``rows`` with ``db`` as the user's database.
+
+    The lookup of dispatch (:func:`autonorm.lookup.choose`) over ``db`` and then the shipped
+    database (unless it is switched off, or is ``db`` itself): an exact winner, the nearest
+    tuned rows bucket, a neighbour's winner carried over, else the family's default. Where
+    nothing of ``db``'s own key is stored this pick is what a user runs today, so it defends in
+    the finals as a stored winner would: a tuned winner is never slower than what ran before.
+    """
+    stores = [db]
+    shipped = TuningDB.open_shipped()
+    try:
+        if shipped is not None and not _same_file(shipped.path, db.path):
+            stores.append(shipped)
+        return lookup.choose(problem, rows, lookup.Device(device.fingerprint, limits), stores)
+    finally:
+        if shipped is not None:
+            shipped.close()
+
+
+def _same_file(a: Path | None, b: Path | None) -> bool:
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
 
 
 def study_for(problem: Problem, rows: int, device: DeviceInfo) -> str:
@@ -240,7 +274,9 @@ def tune_and_store(
     Re-running resumes the study (the same study name for the same GPU, templates, problem and
     rows bucket). The stored winner, if it still renders to the kernel that was timed, is the
     incumbent: it stays unless a challenger beats it by more than the noise in the finals.
-    Where none is stored, the family's default (what dispatch runs then) defends the same way.
+    Where none is stored, what dispatch runs for the key now (:func:`running_pick`: a shipped
+    winner, the nearest tuned bucket's, a neighbour's, or the family's default) is measured
+    first and defends the same way.
 
     Args:
         problem: what to tune; its family (by op) owns the search space.
@@ -266,6 +302,7 @@ def tune_and_store(
             in this process (workers record theirs in the database only).
         quiet: no progress bar.
         seeds: configurations to measure first in a new study; None: the family's seeds.
+            Where nothing is stored, what dispatch runs now comes before them.
 
     Returns:
         What was stored; ``config`` is None when no candidate passed verification.
@@ -294,9 +331,14 @@ def tune_and_store(
         db.record_device(device)
         key = TuningKey.for_problem(device.fingerprint, problem, rows)
         incumbent = incumbent_of(db, key, problem, limits)
+        running = None if incumbent is not None else running_pick(
+            db, problem, rows, device, limits)
         study = study_for(problem, rows, device)
         if seeds is None:
             seeds = family.seeds(problem, limits, rows)
+        if running is not None:
+            # Measured first, so that it verifies and may defend in the finals.
+            seeds = list(dict.fromkeys([running.config, *seeds]))
         if workers > 1:
             spec = {
                 "problem": problem, "rows": rows, "key": key, "limits": limits,
@@ -316,8 +358,13 @@ def tune_and_store(
         result = search.tune(
             problem, evaluator, limits=limits, storage=storage, study_name=study,
             settings=settings, incumbent=incumbent, on_trial=_recorder(db, key, on_trial),
-            progress=not quiet, seeds=seeds, default=family.default(problem, limits, rows),
+            progress=not quiet, seeds=seeds,
+            default=(running.config if running is not None
+                     else family.default(problem, limits, rows)),
         )
+        kept = result.kept
+        if kept == "default" and running is not None:
+            kept = running.source  # the defender was lookup's pick: say where it came from
         metrics = kernel = None
         if result.best is not None and result.timing is not None:
             copy_gbps = float(getattr(evaluator, "copy_gbps", 0.0) or 0.0)
@@ -329,7 +376,7 @@ def tune_and_store(
             config=result.best if kernel is not None else None,
             timing=result.timing if kernel is not None else None,
             metrics=metrics, kernel=kernel,
-            kept=result.kept, evaluated=result.evaluated,
+            kept=kept, evaluated=result.evaluated,
             failures=result.failures, elapsed_s=time.monotonic() - started,
             study=study, db_path=db.path,
         )
