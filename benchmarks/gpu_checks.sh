@@ -41,6 +41,11 @@ suites:
   ncu DTYPE:H[:ROWS]  Nsight Compute sections of autonorm's dispatched kernel and
                       torch.compile's at 2^26 elements or ROWS rows ($OUT/ncu_peers.txt);
                       NCU_OPTIONS adds ncu options (e.g. NCU_OPTIONS="--cache-control none")
+  ncu-backward OP:DTYPE:H
+                      Nsight Compute of autonorm's dispatched backward kernel and
+                      torch.compile's forward + backward kernels at one row of H (OP layer_norm
+                      or rms_norm, DTYPE a torch dtype name: bfloat16, float16, float32;
+                      $OUT/ncu_backward.txt)
 
 The methods and the figures they reproduce: docs/tuning.md, docs/timing.md, docs/results.md.
 EOF
@@ -49,7 +54,7 @@ EOF
 suite=${1:-all}
 case $suite in
   -h|--help|help) usage; exit 0 ;;
-  all|tests|tune|grid|buckets|ship|models|search|peers|ncu) ;;
+  all|tests|tune|grid|buckets|ship|models|search|peers|ncu|ncu-backward) ;;
   *) echo "unknown suite: $suite" >&2; usage >&2; exit 2 ;;
 esac
 [[ $# -gt 0 ]] && shift
@@ -224,4 +229,57 @@ PY
   grep -E "^  [a-z_]|autonorm|triton|Duration|DRAM Throughput|Registers Per|Achieved Occ|Issue \
 Slots Busy|Executed Ipc A|Executed Instructions  |Eligible Warps|No Eligible|Block Size|Grid Size|Stall" \
     "$OUT/ncu_peers.txt" | head -90
+fi
+
+if [[ $suite == ncu-backward ]]; then
+  if [[ $# -eq 0 ]]; then
+    echo "ncu-backward needs shapes, e.g. layer_norm:bfloat16:1024 rms_norm:float32:4096" >&2
+    exit 2
+  fi
+  # One row: a backward is one block's chain of steps. autonorm's kernel is launched alone
+  # (torch.ops.autonorm.norm_backward); torch.compile's backward runs after its forward, and
+  # the gradients it accumulates into .grad add elementwise kernels of their own.
+  cat > "$OUT/ncu_backward.py" <<'PY'
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import autonorm.torch  # noqa: F401
+
+for spec in sys.argv[1:]:
+    op, dt, hidden = spec.split(":")
+    hidden = int(hidden)
+    tdt = getattr(torch, dt)
+    x = torch.randn(1, hidden, device="cuda", dtype=tdt)
+    dy = torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdt)
+    b = (0.1 * torch.randn(hidden, device="cuda")).to(tdt)
+    if op == "layer_norm":
+        ours = lambda: torch.ops.autonorm.norm_backward(dy, x, w, False, True, False, 1e-5)
+        f = torch.compile(lambda t, wt, bt: F.layer_norm(t, (hidden,), wt, bt, 1e-5))
+    else:
+        ours = lambda: torch.ops.autonorm.norm_backward(dy, x, w, True, False, False, 1e-6)
+        f = torch.compile(lambda t, wt, bt: F.rms_norm(t, (hidden,), wt, 1e-6))
+    xs, ws, bs = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+
+    def both():
+        y = f(xs, ws, bs)
+        y.backward(dy)
+    for _ in range(3):
+        ours()
+        both()
+    torch.cuda.synchronize()
+    print("PROFILE", spec, flush=True)
+    torch.cuda.profiler.start()
+    ours()
+    both()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+PY
+  timeout 200 ncu ${NCU_OPTIONS:-} --profile-from-start off --clock-control none \
+    --section SpeedOfLight --section LaunchStats --section WarpStateStats \
+    python3 "$OUT/ncu_backward.py" "$@" > "$OUT/ncu_backward.txt" 2>&1
+  grep -E "PROFILE|^  [a-zA-Z_]|Duration|Elapsed Cycles|SM Active Cycles|Registers Per|\
+Warp Cycles Per Issued" "$OUT/ncu_backward.txt" | head -120
 fi

@@ -53,7 +53,8 @@ def test_gpu_checks_help_lists_every_suite():
     run = _run(BASH, str(BENCHMARKS / "gpu_checks.sh"), "--help")
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("usage: bash benchmarks/gpu_checks.sh")
-    for suite in ("tests", "tune", "grid", "buckets", "ship", "models", "search", "peers", "ncu"):
+    for suite in ("tests", "tune", "grid", "buckets", "ship", "models", "search", "peers", "ncu",
+                  "ncu-backward"):
         assert f"\n  {suite} " in run.stdout, suite
 
 

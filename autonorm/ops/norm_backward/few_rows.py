@@ -48,7 +48,8 @@ GROUP_BLOCK_BYTES = 16 * 1024
 # ran 1.5-3.4 us where the few-row form took 2.0-3.7 (x1.09-1.87) on rows of 2 KB to 8 KB, and
 # RMSNorm's on rows of 16 KB (x1.09-1.36); LayerNorm's lost on rows of 16 KB (x0.84, x0.80)
 # and RMSNorm's on rows of 32 KB (x0.78). Vectors of eight 16-bit elements ran slower than of
-# four (RMSNorm bf16 4096: 2.9-3.3 us against 2.2-2.5). Rows under ONE_ROW_MIN_BYTES (shorter
+# four (RMSNorm bf16 4096: 2.9-3.3 us against 2.2-2.5). On the H200 the register forms past
+# that range ran 1.4-2.0x the few-row form's time too. Rows under ONE_ROW_MIN_BYTES (shorter
 # than any timed) keep the few-row form.
 ONE_ROW_VEC = 4
 ONE_ROW_THREADS = (128, 256, 512)
