@@ -55,28 +55,22 @@ def choose_config(problem: Problem, rows: int, device_id: int = 0) -> Choice:
 
 
 def _look_up(problem: Problem, rows: int, device_id: int) -> Choice:
-    """Ask :func:`autonorm.lookup.choose` with this GPU and the user and shipped databases."""
+    """Ask :func:`autonorm.lookup.choose_with_shipped` with this GPU and the user's database."""
     from autonorm import lookup
     from autonorm.runtime.device import query_device
     from autonorm.store.db import TuningDB
 
     info = query_device(device_id)
-    stores = []
     try:
         user = TuningDB.open_user_to_read()  # read-only where it cannot be written
-        if user is not None:
-            stores.append(user)
     except Exception:  # noqa: BLE001 - a broken user DB must not stop inference
-        pass
+        user = None
     try:
-        shipped = TuningDB.open_shipped()
-        if shipped is not None:
-            stores.append(shipped)
         device = lookup.Device(info.fingerprint, info.limits())
-        return lookup.choose(problem, rows, device, stores)
+        return lookup.choose_with_shipped(user, problem, rows, device)
     finally:
-        for store in stores:
-            store.close()
+        if user is not None:
+            user.close()
 
 
 def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:

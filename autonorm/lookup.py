@@ -187,6 +187,32 @@ def choose(
     return Choice(family_of(problem).default(problem, device.limits, rows), "default")
 
 
+def choose_with_shipped(
+    user: TuningDB | None, problem: Problem, rows: int | None, device: Device
+) -> Choice:
+    """Pick as dispatch does, with ``user`` (an open database, or None) as the user's database.
+
+    :func:`choose` over ``user`` and then the shipped database, which this opens and closes
+    (unless it is switched off, or is ``user``'s own file). Dispatch asks it with the user's
+    database; the tuner, with the database it writes, for what runs for a key now.
+    """
+    from pathlib import Path
+
+    from autonorm.store.db import TuningDB
+
+    stores = [user] if user is not None else []
+    shipped = TuningDB.open_shipped()
+    try:
+        same = (shipped is not None and user is not None and user.path is not None
+                and Path(user.path).resolve() == Path(shipped.path).resolve())
+        if shipped is not None and not same:
+            stores.append(shipped)
+        return choose(problem, rows, device, stores)
+    finally:
+        if shipped is not None:
+            shipped.close()
+
+
 def _first_usable(
     winners: Sequence[Winner], problem: Problem, device: Device, source: str
 ) -> Choice | None:

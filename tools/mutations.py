@@ -226,8 +226,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ------------------------------------------------------------------ the lookup order
     Mutation(
         "shipped-before-user", "dispatch asks the shipped database before the user's",
-        "autonorm/dispatch.py", "        return lookup.choose(problem, rows, device, stores)",
-        "        return lookup.choose(problem, rows, device, stores[::-1])",
+        "autonorm/lookup.py", "        return choose(problem, rows, device, stores)",
+        "        return choose(problem, rows, device, stores[::-1])",
         (f"{DISPATCH}::test_user_exact_beats_shipped_exact",
          f"{DISPATCH}::test_user_nearest_beats_shipped_nearest"),
     ),

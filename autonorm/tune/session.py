@@ -131,25 +131,14 @@ def running_pick(
 ) -> lookup.Choice:
     """Return what dispatch runs for ``problem`` at ``rows`` with ``db`` as the user's database.
 
-    The lookup of dispatch (:func:`autonorm.lookup.choose`) over ``db`` and then the shipped
+    Dispatch's lookup (:func:`autonorm.lookup.choose_with_shipped`) over ``db`` and then the shipped
     database (unless it is switched off, or is ``db`` itself): an exact winner, the nearest
     tuned rows bucket, a neighbour's winner carried over, else the family's default. Where
     nothing of ``db``'s own key is stored this pick is what a user runs today, so it defends in
     the finals as a stored winner would: a tuned winner is never slower than what ran before.
     """
-    stores = [db]
-    shipped = TuningDB.open_shipped()
-    try:
-        if shipped is not None and not _same_file(shipped.path, db.path):
-            stores.append(shipped)
-        return lookup.choose(problem, rows, lookup.Device(device.fingerprint, limits), stores)
-    finally:
-        if shipped is not None:
-            shipped.close()
-
-
-def _same_file(a: Path | None, b: Path | None) -> bool:
-    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+    place = lookup.Device(device.fingerprint, limits)
+    return lookup.choose_with_shipped(db, problem, rows, place)
 
 
 def study_for(problem: Problem, rows: int, device: DeviceInfo) -> str:
