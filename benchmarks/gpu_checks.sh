@@ -41,11 +41,11 @@ suites:
   ncu DTYPE:H[:ROWS]  Nsight Compute sections of autonorm's dispatched kernel and
                       torch.compile's at 2^26 elements or ROWS rows ($OUT/ncu_peers.txt);
                       NCU_OPTIONS adds ncu options (e.g. NCU_OPTIONS="--cache-control none")
-  ncu-backward OP:DTYPE:H
+  ncu-backward OP:DTYPE:H[:ROWS]
                       Nsight Compute of autonorm's dispatched backward kernel and
-                      torch.compile's forward + backward kernels at one row of H (OP layer_norm
-                      or rms_norm, DTYPE a torch dtype name: bfloat16, float16, float32;
-                      $OUT/ncu_backward.txt)
+                      torch.compile's forward + backward kernels at one row of H, or ROWS rows
+                      (OP layer_norm or rms_norm, DTYPE a torch dtype name: bfloat16, float16,
+                      float32; $OUT/ncu_backward.txt)
 
 The methods and the figures they reproduce: docs/tuning.md, docs/timing.md, docs/results.md.
 EOF
@@ -233,10 +233,12 @@ fi
 
 if [[ $suite == ncu-backward ]]; then
   if [[ $# -eq 0 ]]; then
-    echo "ncu-backward needs shapes, e.g. layer_norm:bfloat16:1024 rms_norm:float32:4096" >&2
+    echo "ncu-backward needs shapes, e.g. layer_norm:bfloat16:1024 rms_norm:float32:4096" \
+      "layer_norm:bfloat16:8192:8192" >&2
     exit 2
   fi
-  # One row: a backward is one block's chain of steps. autonorm's kernel is launched alone
+  # One row unless ROWS is given: a backward is then one block's chain of steps. With ROWS the
+  # scheduler's figures say whether the row loop issues or waits. autonorm's kernel is launched alone
   # (torch.ops.autonorm.norm_backward); torch.compile's backward runs after its forward, and
   # the gradients it accumulates into .grad add elementwise kernels of their own.
   cat > "$OUT/ncu_backward.py" <<'PY'
@@ -248,10 +250,11 @@ import torch.nn.functional as F
 import autonorm.torch  # noqa: F401
 
 for spec in sys.argv[1:]:
-    op, dt, hidden = spec.split(":")
+    op, dt, hidden, *rows = spec.split(":")
     hidden = int(hidden)
+    rows = int(rows[0]) if rows else 1
     tdt = getattr(torch, dt)
-    x = torch.randn(1, hidden, device="cuda", dtype=tdt)
+    x = torch.randn(rows, hidden, device="cuda", dtype=tdt)
     dy = torch.randn_like(x)
     w = (1 + 0.1 * torch.randn(hidden, device="cuda")).to(tdt)
     b = (0.1 * torch.randn(hidden, device="cuda")).to(tdt)
@@ -279,7 +282,9 @@ for spec in sys.argv[1:]:
 PY
   timeout 200 ncu ${NCU_OPTIONS:-} --profile-from-start off --clock-control none \
     --section SpeedOfLight --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats \
     python3 "$OUT/ncu_backward.py" "$@" > "$OUT/ncu_backward.txt" 2>&1
   grep -E "PROFILE|^  [a-zA-Z_]|Duration|Elapsed Cycles|SM Active Cycles|Registers Per|\
-Warp Cycles Per Issued" "$OUT/ncu_backward.txt" | head -120
+Warp Cycles Per Issued|DRAM Throughput|Issued Warp Per|No Eligible|Active Warps Per|\
+Eligible Warps Per" "$OUT/ncu_backward.txt" | head -160
 fi
