@@ -33,7 +33,8 @@ Nothing is cached here: dispatch caches what it picks, per process.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -187,14 +188,12 @@ def choose(
     return Choice(family_of(problem).default(problem, device.limits, rows), "default")
 
 
-def choose_with_shipped(
-    user: TuningDB | None, problem: Problem, rows: int | None, device: Device
-) -> Choice:
-    """Pick as dispatch does, with ``user`` (an open database, or None) as the user's database.
+@contextmanager
+def dispatch_stores(user: TuningDB | None) -> Iterator[list[TuningDB]]:
+    """Yield the databases dispatch looks in, in order: ``user`` (if given), then the shipped one.
 
-    :func:`choose` over ``user`` and then the shipped database, which this opens and closes
-    (unless it is switched off, or is ``user``'s own file). Dispatch asks it with the user's
-    database; the tuner, with the database it writes, for what runs for a key now.
+    The shipped database is opened here and closed on exit; it is left out where it is switched
+    off or is ``user``'s own file.
     """
     from pathlib import Path
 
@@ -207,10 +206,48 @@ def choose_with_shipped(
                 and Path(user.path).resolve() == Path(shipped.path).resolve())
         if shipped is not None and not same:
             stores.append(shipped)
-        return choose(problem, rows, device, stores)
+        yield stores
     finally:
         if shipped is not None:
             shipped.close()
+
+
+def choose_with_shipped(
+    user: TuningDB | None, problem: Problem, rows: int | None, device: Device
+) -> Choice:
+    """Pick as dispatch does, with ``user`` (an open database, or None) as the user's database.
+
+    :func:`choose` over :func:`dispatch_stores`. Dispatch asks it with the user's database; the
+    tuner, with the database it writes, for what runs for a key now.
+    """
+    with dispatch_stores(user) as stores:
+        return choose(problem, rows, device, stores)
+
+
+def retired_configs(
+    user: TuningDB, key: TuningKey, problem: Problem, limits: DeviceLimits
+) -> list[Config]:
+    """Return the configurations that won ``key`` before their kernels' code changed.
+
+    A stored winner of the key, in ``user`` or in the shipped database (:func:`dispatch_stores`),
+    whose configuration now renders another kernel than the one that was timed is retired
+    (:func:`verdict`: stale). It defends nothing, since its new kernel was never timed, but it
+    is the best guess of what wins the key now: the tuner measures it right after what dispatch
+    runs, so that tuning again after a change of autonorm starts where the last tuning ended.
+    """
+    configs: list[Config] = []
+    with dispatch_stores(user) as stores:
+        for store in stores:
+            winner = store.get_winner(key)
+            if winner is None:
+                continue
+            try:
+                status, config = verdict(winner, problem, limits)
+            except (TypeError, ValueError):  # a configuration this family cannot read
+                continue
+            if status == STALE:
+                configs.append(config)
+    return configs
 
 
 def _first_usable(

@@ -13,6 +13,7 @@ import pytest
 from fake_evaluator import FakeEvaluator, fake_evaluator_factory, fake_median_us
 from optuna.trial import TrialState
 
+from autonorm import lookup
 from autonorm.codegen.environment import kernel_digest
 from autonorm.ops.layer_norm.family import FAMILY
 from autonorm.ops.layer_norm.problem import Problem
@@ -163,14 +164,18 @@ def test_with_nothing_stored_the_default_defends_unless_clearly_beaten(user_db, 
     assert tuned.kept_note == (" (default kept)" if kept else "")
 
 
-def _ship(tmp_path, monkeypatch, config, rows: int) -> None:
-    """A shipped database whose one winner, ``config`` at ``rows``, is this fake H200's."""
+def _ship(tmp_path, monkeypatch, config, rows: int, digest: str | None = None) -> None:
+    """A shipped database whose one winner, ``config`` at ``rows``, is this fake H200's.
+
+    Its kernel digest is ``config``'s today unless ``digest`` is given (a winner whose kernel's
+    code has changed since it was timed).
+    """
     from autonorm.store.snapshot import write_snapshot
 
     with TuningDB(tmp_path / "work.db") as work:
         work.record_device(DEVICE)
         work.set_winner(TuningKey.for_problem(DEVICE.fingerprint, PROBLEM, rows),
-                        config.to_dict(), {"median_us": 1.0}, digest_of(config))
+                        config.to_dict(), {"median_us": 1.0}, digest or digest_of(config))
         write_snapshot(work, tmp_path / "shipped.db")
     monkeypatch.delenv("AUTONORM_NO_SHIPPED_DB", raising=False)
     monkeypatch.setenv("AUTONORM_SHIPPED_DB", str(tmp_path / "shipped.db"))
@@ -300,3 +305,45 @@ def test_bad_arguments_are_refused(user_db):
     with pytest.raises(ValueError, match="workers"):
         tune_and_store(PROBLEM, ROWS, device=DEVICE, workers=0,
                        evaluator_factory=fake_evaluator_factory)
+
+
+@pytest.mark.parametrize("where", ["user", "shipped"])
+def test_a_winner_whose_kernel_changed_is_measured_right_after_what_runs(
+    user_db, tmp_path, monkeypatch, where
+):
+    # A change of the kernels' code retires a stored winner (its new kernel was never timed,
+    # so it does not defend), yet its configuration is the best guess of what wins the key now:
+    # tuning again measures it right after what dispatch runs, not only if the search draws it.
+    seeds = FAMILY.seeds(PROBLEM, H200, ROWS)
+    retired = next(c for c in FAMILY.space(PROBLEM, H200) if c not in seeds)
+    key = TuningKey.for_problem(DEVICE.fingerprint, PROBLEM, ROWS)
+    if where == "shipped":
+        _ship(tmp_path, monkeypatch, retired, ROWS, digest="0" * 64)
+    else:
+        with TuningDB(user_db) as db:
+            db.record_device(DEVICE)
+            db.set_winner(key, retired.to_dict(), {"median_us": 1.0}, "0" * 64)
+    with TuningDB(user_db) as db:
+        running = session.running_pick(db, PROBLEM, ROWS, DEVICE, H200)
+        assert running.config != retired
+        assert lookup.retired_configs(db, key, PROBLEM, H200) == [retired]
+    evaluator = FakeEvaluator()
+    tuned = run(evaluator)
+    assert evaluator.calls[:2] == [running.config, retired]
+    ((contenders, _),) = evaluator.retimed
+    assert contenders[0] == running.config  # what runs defends; the retired winner does not
+    assert tuned.incumbent_kept is False
+
+
+def test_only_a_winner_whose_kernel_changed_counts_as_retired(user_db):
+    # A usable winner is the incumbent, not retired; one the family's rules refuse on this
+    # device cannot run at all.
+    key = TuningKey.for_problem(DEVICE.fingerprint, PROBLEM, ROWS)
+    config = FAMILY.seeds(PROBLEM, H200, ROWS)[1]
+    with TuningDB(user_db) as db:
+        db.record_device(DEVICE)
+        db.set_winner(key, config.to_dict(), {"median_us": 1.0}, digest_of(config))
+        assert lookup.retired_configs(db, key, PROBLEM, H200) == []
+        refused = config.to_dict() | {"threads": 4096}
+        db.set_winner(key, refused, {"median_us": 1.0}, "0" * 64)
+        assert lookup.retired_configs(db, key, PROBLEM, H200) == []

@@ -218,6 +218,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{SESSION}::test_with_nothing_stored_what_dispatch_runs_defends",),
     ),
     Mutation(
+        "retired-winner-not-seeded",
+        "a winner whose kernel changed is measured only if the search draws it",
+        "autonorm/tune/session.py",
+        "        retired = lookup.retired_configs(db, key, problem, limits)",
+        "        retired = []",
+        (f"{SESSION}::test_a_winner_whose_kernel_changed_is_measured_right_after_what_runs",),
+    ),
+    Mutation(
         "stale-incumbent-defended", "a winner whose kernel changed is defended as the incumbent",
         "autonorm/tune/session.py", "    return config if status == lookup.USABLE else None",
         "    return config",

@@ -291,7 +291,9 @@ def tune_and_store(
             in this process (workers record theirs in the database only).
         quiet: no progress bar.
         seeds: configurations to measure first in a new study; None: the family's seeds.
-            Where nothing is stored, what dispatch runs now comes before them.
+            Where nothing is stored, what dispatch runs now comes before them, and so does any
+            winner of the key that a change of its kernel's code retired
+            (:func:`autonorm.lookup.retired_configs`).
 
     Returns:
         What was stored; ``config`` is None when no candidate passed verification.
@@ -322,12 +324,14 @@ def tune_and_store(
         incumbent = incumbent_of(db, key, problem, limits)
         running = None if incumbent is not None else running_pick(
             db, problem, rows, device, limits)
+        retired = lookup.retired_configs(db, key, problem, limits)
         study = study_for(problem, rows, device)
         if seeds is None:
             seeds = family.seeds(problem, limits, rows)
-        if running is not None:
-            # Measured first, so that it verifies and may defend in the finals.
-            seeds = list(dict.fromkeys([running.config, *seeds]))
+        # What dispatch runs is measured first, so that it verifies and may defend in the
+        # finals; then what won the key before its kernel's code changed.
+        first = ([running.config] if running is not None else []) + retired
+        seeds = list(dict.fromkeys([*first, *seeds]))
         if workers > 1:
             spec = {
                 "problem": problem, "rows": rows, "key": key, "limits": limits,
