@@ -369,6 +369,32 @@ def test_an_interrupt_while_a_worker_is_asked_to_stop_still_kills_it(log, ctrl_c
     assert gone(pid, wait_s=10.0)  # killed, not left to finish its 120 s close
 
 
+def test_an_interrupt_just_after_the_close_request_still_kills_the_worker(log, monkeypatch):
+    """Ctrl-C landing as the request to close goes out, before the wait for the worker begins.
+
+    The worker has the request and starts its slow close; the interrupt must still kill it.
+    Raised here by the send itself, once it has sent, this is the moment a real Ctrl-C hits
+    when the worker answers the request faster than the parent reaches its wait.
+    """
+    evaluator = IsolatedEvaluator(build_slow_closing, (str(log), 120.0), close_timeout_s=60.0)
+    assert evaluator.evaluate(GOOD).ok
+    pid = evaluator.pid
+    assert pid is not None and Path(f"/proc/{pid}").exists()  # the worker runs
+    conn = evaluator._conn
+    send = conn.send
+
+    def send_then_interrupt(message):  # noqa: ANN001, ANN202
+        send(message)
+        if message == ("close",):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(conn, "send", send_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        evaluator.close()
+    assert evaluator.pid is None
+    assert gone(pid, wait_s=10.0)  # killed, not left to finish its 120 s close
+
+
 def test_the_fault_patch_moves_exactly_the_output_store():
     """Guards the GPU test below: its kernel must really store out of bounds."""
     rendered = codegen.render(GOOD, BF16, H200)

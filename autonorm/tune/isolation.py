@@ -298,23 +298,24 @@ class IsolatedEvaluator:
         process, conn = self._process, self._conn
         if process is None:
             return None
-        self._process = self._conn = None
-        if self._finalizer is not None:
-            self._finalizer.cancel()
-            self._finalizer = None
         interrupted: BaseException | None = None
-        if not kill and not _exited(process):
-            try:
-                conn.send(("close",))  # type: ignore[union-attr]
-            except OSError:
-                pass
-            try:
+        try:
+            self._process = self._conn = None
+            if self._finalizer is not None:
+                self._finalizer.cancel()
+                self._finalizer = None
+            if not kill and not _exited(process):
+                try:
+                    conn.send(("close",))  # type: ignore[union-attr]
+                except OSError:
+                    pass
                 wait([process.sentinel], timeout=self.close_timeout_s)
-            except BaseException as exc:  # noqa: BLE001 - re-raised once the child is gone
-                # Ctrl-C or SIGTERM during the wait: the child goes all the same. Left
-                # running, it would outlive this object, and the process's exit would join
-                # it (multiprocessing does) for as long as it takes to close.
-                interrupted = exc
+        except BaseException as exc:  # noqa: BLE001 - re-raised once the child is gone
+            # Ctrl-C or SIGTERM while asking or waiting (the request may have just gone out):
+            # the child goes all the same. Left running, it would outlive this object, and the
+            # process's exit would join it (multiprocessing does) for as long as it takes to
+            # close.
+            interrupted = exc
         # The group also holds its compile processes, which would outlive a killed child.
         _kill_group(process.pid)
         if not _exited(process):
