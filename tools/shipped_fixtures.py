@@ -8,10 +8,13 @@ the autonorm that tuned it rendered it) and ``tests/fixtures/shipped_code_before
     python tools/shipped_fixtures.py          # writes the fixtures, says what changed
     python tools/shipped_fixtures.py --check  # writes nothing; exit 1 if they are out of date
 
-A winner the fixtures lack, or whose configuration differs from theirs (a replaced winner), is
-recorded as today's code renders it, which must give the digest the database stored when it
-was timed; fixtures of winners no longer shipped are dropped; the others stay as they are (the
-code they were tuned on). The count in the fixture's ``about`` follows.
+A winner the fixtures lack, whose configuration differs from theirs (a replaced winner), or
+whose time differs from theirs (the same configuration tuned again, as after a change to its
+kernel's code) is recorded as today's code renders it, which must give the digest the database
+stored when it was timed; fixtures of winners no longer shipped are dropped; the others stay as
+they are (the code they were tuned on, which a change that leaves the machine code alone may
+since have migrated). Each fixture keeps its winner's ``median_us`` to tell a winner tuned
+again from one kept. The count in the fixture's ``about`` follows.
 """
 
 from __future__ import annotations
@@ -49,7 +52,13 @@ def refresh(db_path: Path, fixture: dict, code: dict[str, str]) -> tuple[dict, d
             entry = held.get(key)
             family = registry.get(winner.key.op)
             config = family.config_from_dict(winner.config)
-            if entry is not None and entry["label"] == config.label():
+            timed = (winner.metrics or {}).get("median_us")
+            same = entry is not None and entry["label"] == config.label()
+            if same and "median_us" not in entry:  # a fixture from before times were kept
+                entries.append({**entry, "median_us": timed})
+                changes.append(f"time recorded: {key[1]} {key[2]} rows {key[3]}")
+                continue
+            if same and entry["median_us"] == timed:
                 entries.append(entry)  # as it was tuned (its code may since have been migrated)
                 continue
             problem = family.problem(**winner.key.fields)
@@ -60,10 +69,10 @@ def refresh(db_path: Path, fixture: dict, code: dict[str, str]) -> tuple[dict, d
                                  "the kernel that was timed; tune it again")
             entries.append({"device": key[0], "op": key[1], "problem": key[2],
                             "rows_bucket": key[3], "label": config.label(),
-                            "name": kernel.name, "code": winner.kernel})
+                            "name": kernel.name, "code": winner.kernel, "median_us": timed})
             code[kernel.name] = code_of(kernel.source)
-            changes.append(f"{'replaced' if entry else 'added'}: {key[1]} {key[2]} rows {key[3]}"
-                           f" {config.label()}")
+            what = "tuned again" if same else "replaced" if entry else "added"
+            changes.append(f"{what}: {key[1]} {key[2]} rows {key[3]} {config.label()}")
     kept = {(e["device"], e["op"], e["problem"], e["rows_bucket"]) for e in entries}
     for key, entry in held.items():
         if key not in kept:
