@@ -54,10 +54,6 @@ def refresh(db_path: Path, fixture: dict, code: dict[str, str]) -> tuple[dict, d
             config = family.config_from_dict(winner.config)
             timed = (winner.metrics or {}).get("median_us")
             same = entry is not None and entry["label"] == config.label()
-            if same and "median_us" not in entry:  # a fixture from before times were kept
-                entries.append({**entry, "median_us": timed})
-                changes.append(f"time recorded: {key[1]} {key[2]} rows {key[3]}")
-                continue
             if same and entry["median_us"] == timed:
                 entries.append(entry)  # as it was tuned (its code may since have been migrated)
                 continue
