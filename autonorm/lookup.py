@@ -217,36 +217,36 @@ def choose_with_shipped(
 ) -> Choice:
     """Pick as dispatch does, with ``user`` (an open database, or None) as the user's database.
 
-    :func:`choose` over :func:`dispatch_stores`. Dispatch asks it with the user's database; the
-    tuner, with the database it writes, for what runs for a key now.
+    :func:`choose` over :func:`dispatch_stores`. The tuner asks :func:`choose` over those of the
+    database it writes, for what runs for a key now.
     """
     with dispatch_stores(user) as stores:
         return choose(problem, rows, device, stores)
 
 
 def retired_configs(
-    user: TuningDB, key: TuningKey, problem: Problem, limits: DeviceLimits
+    stores: Sequence[TuningDB], key: TuningKey, problem: Problem, limits: DeviceLimits
 ) -> list[Config]:
-    """Return the configurations that won ``key`` before their kernels' code changed.
+    """Return the configurations that won ``key`` in ``stores`` before their kernels' code changed.
 
-    A stored winner of the key, in ``user`` or in the shipped database (:func:`dispatch_stores`),
-    whose configuration now renders another kernel than the one that was timed is retired
-    (:func:`verdict`: stale). It defends nothing, since its new kernel was never timed, but it
-    is the best guess of what wins the key now: the tuner measures it right after what dispatch
-    runs, so that tuning again after a change of autonorm starts where the last tuning ended.
+    A stored winner of the key (the tuner asks over :func:`dispatch_stores` of the database it
+    writes) whose configuration now renders another kernel than the one that was timed is
+    retired (:func:`verdict`: stale). It defends nothing, since its new kernel was never timed,
+    but it is the best guess of what wins the key now: the tuner measures it right after what
+    dispatch runs, so that tuning again after a change of autonorm starts where the last tuning
+    ended.
     """
     configs: list[Config] = []
-    with dispatch_stores(user) as stores:
-        for store in stores:
-            winner = store.get_winner(key)
-            if winner is None:
-                continue
-            try:
-                status, config = verdict(winner, problem, limits)
-            except (TypeError, ValueError):  # a configuration this family cannot read
-                continue
-            if status == STALE:
-                configs.append(config)
+    for store in stores:
+        winner = store.get_winner(key)
+        if winner is None:
+            continue
+        try:
+            status, config = verdict(winner, problem, limits)
+        except (TypeError, ValueError):  # a configuration this family cannot read
+            continue
+        if status == STALE:
+            configs.append(config)
     return configs
 
 

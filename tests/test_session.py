@@ -192,8 +192,8 @@ def test_with_nothing_stored_what_dispatch_runs_defends(user_db, tmp_path, monke
     default = FAMILY.default(PROBLEM, H200, ROWS)
     pick = next(c for c in FAMILY.seeds(PROBLEM, H200, ROWS)[1:] if c != default)
     _ship(tmp_path, monkeypatch, pick, shipped_rows)
-    with TuningDB(user_db) as db:
-        running = session.running_pick(db, PROBLEM, ROWS, DEVICE, H200)
+    with TuningDB(user_db) as db, lookup.dispatch_stores(db) as stores:
+        running = session.running_pick(stores, PROBLEM, ROWS, DEVICE, H200)
     assert running.config == pick and running.source == source
     evaluator = FakeEvaluator(retime_fn=favouring(pick, factor))
     tuned = run(evaluator)
@@ -323,10 +323,10 @@ def test_a_winner_whose_kernel_changed_is_measured_right_after_what_runs(
         with TuningDB(user_db) as db:
             db.record_device(DEVICE)
             db.set_winner(key, retired.to_dict(), {"median_us": 1.0}, "0" * 64)
-    with TuningDB(user_db) as db:
-        running = session.running_pick(db, PROBLEM, ROWS, DEVICE, H200)
+    with TuningDB(user_db) as db, lookup.dispatch_stores(db) as stores:
+        running = session.running_pick(stores, PROBLEM, ROWS, DEVICE, H200)
         assert running.config != retired
-        assert lookup.retired_configs(db, key, PROBLEM, H200) == [retired]
+        assert lookup.retired_configs(stores, key, PROBLEM, H200) == [retired]
     evaluator = FakeEvaluator()
     tuned = run(evaluator)
     assert evaluator.calls[:2] == [running.config, retired]
@@ -343,7 +343,7 @@ def test_only_a_winner_whose_kernel_changed_counts_as_retired(user_db):
     with TuningDB(user_db) as db:
         db.record_device(DEVICE)
         db.set_winner(key, config.to_dict(), {"median_us": 1.0}, digest_of(config))
-        assert lookup.retired_configs(db, key, PROBLEM, H200) == []
+        assert lookup.retired_configs([db], key, PROBLEM, H200) == []
         refused = config.to_dict() | {"threads": 4096}
         db.set_winner(key, refused, {"median_us": 1.0}, "0" * 64)
-        assert lookup.retired_configs(db, key, PROBLEM, H200) == []
+        assert lookup.retired_configs([db], key, PROBLEM, H200) == []

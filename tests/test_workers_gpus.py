@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from fake_evaluator import FakeEvaluator, fake_evaluator_factory, read_log
 from optuna.trial import TrialState
 
-from autonorm import cli
+from autonorm import cli, lookup
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.runtime.device import DeviceInfo, NoGPUError
 from autonorm.runtime.limits import H200
@@ -320,10 +320,10 @@ def test_the_seeds_come_first_whichever_worker_starts_first(tmp_path, user_db):
     from autonorm.ops.layer_norm.family import FAMILY
 
     journal = str(tmp_path / "shared.journal")
-    with TuningDB(user_db) as db:
+    with TuningDB(user_db) as db, lookup.dispatch_stores(db) as stores:
         # What dispatch runs now (on this H200, the shipped winner of a nearby bucket) is
         # measured first, then the family's seeds.
-        running = session.running_pick(db, PROBLEM, ROWS, DEVICE, H200).config
+        running = session.running_pick(stores, PROBLEM, ROWS, DEVICE, H200).config
     tuned = session.tune_and_store(
         PROBLEM, ROWS, settings=TuneSettings(n_trials=8, batch=4, timeout_s=WAIT_S),
         device=DEVICE, storage=journal, workers=2, gpus=[0, 1],

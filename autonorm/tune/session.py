@@ -127,18 +127,19 @@ def incumbent_of(
 
 
 def running_pick(
-    db: TuningDB, problem: Problem, rows: int, device: DeviceInfo, limits: DeviceLimits
+    stores: Sequence[TuningDB], problem: Problem, rows: int, device: DeviceInfo,
+    limits: DeviceLimits,
 ) -> lookup.Choice:
-    """Return what dispatch runs for ``problem`` at ``rows`` with ``db`` as the user's database.
+    """Return what dispatch runs for ``problem`` at ``rows`` over ``stores``.
 
-    Dispatch's lookup (:func:`autonorm.lookup.choose_with_shipped`) over ``db`` and then the shipped
-    database (unless it is switched off, or is ``db`` itself): an exact winner, the nearest
-    tuned rows bucket, a neighbour's winner carried over, else the family's default. Where
-    nothing of ``db``'s own key is stored this pick is what a user runs today, so it defends in
-    the finals as a stored winner would: a tuned winner is never slower than what ran before.
+    ``stores`` is :func:`autonorm.lookup.dispatch_stores` of the database being written: it
+    and then the shipped database (unless that is switched off, or is the same file). Dispatch's
+    lookup over them gives an exact winner, the nearest tuned rows bucket, a neighbour's winner
+    carried over, else the family's default. Where nothing of the key is stored this pick is
+    what a user runs today, so it defends in the finals as a stored winner would: a tuned
+    winner is never slower than what ran before.
     """
-    place = lookup.Device(device.fingerprint, limits)
-    return lookup.choose_with_shipped(db, problem, rows, place)
+    return lookup.choose(problem, rows, lookup.Device(device.fingerprint, limits), stores)
 
 
 def study_for(problem: Problem, rows: int, device: DeviceInfo) -> str:
@@ -322,9 +323,10 @@ def tune_and_store(
         db.record_device(device)
         key = TuningKey.for_problem(device.fingerprint, problem, rows)
         incumbent = incumbent_of(db, key, problem, limits)
-        running = None if incumbent is not None else running_pick(
-            db, problem, rows, device, limits)
-        retired = lookup.retired_configs(db, key, problem, limits)
+        with lookup.dispatch_stores(db) as stores:  # the shipped database opened once
+            running = None if incumbent is not None else running_pick(
+                stores, problem, rows, device, limits)
+            retired = lookup.retired_configs(stores, key, problem, limits)
         study = study_for(problem, rows, device)
         if seeds is None:
             seeds = family.seeds(problem, limits, rows)
