@@ -20,8 +20,9 @@ BREAKS: dict[str, tuple[Edit, ...]] = {
                                         "      const float m = 0.f * sr;")),
     "half-partials": (("p < parts; p += NW", "p < (parts + 1) / 2; p += NW"),),
     # One cluster's sums are the gradients (the one-row case): half of them is wrong there only.
-    "one-cluster-sums": (("dweight[crank * SEG + j * V + k] = from_f(",
-                          "dweight[crank * SEG + j * V + k] = 0.5f * from_f("),),
+    "one-cluster-sums": (("store_vec(dweight + crank * SEG + j * V, pack(o));",
+                          "for (int k = 0; k < V; ++k) o[k] *= 0.5f;"
+                          " store_vec(dweight + crank * SEG + j * V, pack(o));"),),
     # The one-pass statistics kept on rows whose shift lies far from the mean, and the second
     # pass's variance dropped there: the far-shift case fails both.
     "one-pass-always": (("if (!(cmean * cmean <= SHIFT_NEAR * var))", "if (false)"),),
