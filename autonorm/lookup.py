@@ -236,18 +236,25 @@ def retired_configs(
     dispatch runs, so that tuning again after a change of autonorm starts where the last tuning
     ended.
     """
-    configs: list[Config] = []
-    for store in stores:
-        winner = store.get_winner(key)
-        if winner is None:
-            continue
-        try:
-            status, config = verdict(winner, problem, limits)
-        except (TypeError, ValueError):  # a configuration this family cannot read
-            continue
-        if status == STALE:
-            configs.append(config)
-    return configs
+    found = (stored_verdict(store, key, problem, limits) for store in stores)
+    return [config for status, config in filter(None, found) if status == STALE]
+
+
+def stored_verdict(
+    store: TuningDB, key: TuningKey, problem: Problem, limits: DeviceLimits
+) -> tuple[str, Config] | None:
+    """Return :func:`verdict` on ``store``'s winner of ``key``.
+
+    None where ``store`` holds no winner of the key, or one whose configuration the family
+    cannot read (never run, defended or seeded).
+    """
+    winner = store.get_winner(key)
+    if winner is None:
+        return None
+    try:
+        return verdict(winner, problem, limits)
+    except (TypeError, ValueError):
+        return None
 
 
 def _first_usable(

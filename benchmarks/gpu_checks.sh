@@ -238,8 +238,8 @@ if [[ $suite == ncu-backward ]]; then
     exit 2
   fi
   # One row unless ROWS is given: a backward is then one block's chain of steps. With ROWS the
-  # scheduler's figures say whether the row loop issues or waits. autonorm's kernel is launched alone
-  # (torch.ops.autonorm.norm_backward); torch.compile's backward runs after its forward, and
+  # scheduler's figures say whether the row loop issues or waits. autonorm's kernel is launched
+  # alone (torch.ops.autonorm.norm_backward); torch.compile's backward runs after its forward, and
   # the gradients it accumulates into .grad add elementwise kernels of their own.
   cat > "$OUT/ncu_backward.py" <<'PY'
 import sys

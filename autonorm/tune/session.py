@@ -116,13 +116,10 @@ def incumbent_of(
     another kernel than the one that was timed, has nothing to defend: the finals then crown
     the fastest challenger.
     """
-    winner = db.get_winner(key)
-    if winner is None:
+    found = lookup.stored_verdict(db, key, problem, limits)
+    if found is None:
         return None
-    try:
-        status, config = lookup.verdict(winner, problem, limits)
-    except (TypeError, ValueError):  # a configuration this family cannot read or render
-        return None
+    status, config = found
     return config if status == lookup.USABLE else None
 
 
