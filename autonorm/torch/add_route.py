@@ -19,7 +19,13 @@ import torch
 
 from autonorm.errors import InputError
 from autonorm.residual_dtype import resolve_h_dtype
-from autonorm.torch.checks import DTYPE_NAMES, as_float, check_residual, check_tensors
+from autonorm.torch.checks import (
+    DTYPE_NAMES,
+    as_float,
+    check_optional_tensors,
+    check_residual,
+    check_tensors,
+)
 from autonorm.torch.custom_op import any_autocast, apply_autocast, dispatch_modes
 from autonorm.torch.residual_forward import add_in_place_reference
 
@@ -89,11 +95,12 @@ class AddNorm:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(y, h)``, through the op only where tracing, autograd or dispatch needs it."""
         if _is_compiling():
+            check_optional_tensors(weight, bias)
             return self.op(x, residual, *self._args(weight, bias, as_float(eps), rest))
         if type(x) is not _Tensor or type(residual) is not _Tensor or dispatch_modes():
             # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
             check_tensors(x, residual)
-            _check_params(weight, bias)
+            check_optional_tensors(weight, bias)
             if any_autocast():
                 x, residual, weight, bias = autocast_add(
                     x, residual, weight, bias, self.cuda_fp32
@@ -102,7 +109,7 @@ class AddNorm:
         if any_autocast():
             x, residual, weight, bias = autocast_add(x, residual, weight, bias, self.cuda_fp32)
         if _needs_grad(x, residual, weight, bias):
-            _check_params(weight, bias)
+            check_optional_tensors(weight, bias)
             return self.op(x, residual, *self._args(weight, bias, as_float(eps), rest))
         if x.is_cuda:
             return self.cuda(x, residual, *self._args(weight, bias, eps, rest))
@@ -119,7 +126,7 @@ class AddNorm:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write y into x and h into residual and return them; no gradient."""
         check_tensors(x, residual)
-        _check_params(weight, bias)
+        check_optional_tensors(weight, bias)
         if _needs_grad(x, residual, weight, bias):
             params = "weight and bias" if self.has_bias else "weight"
             raise InputError(
@@ -143,16 +150,6 @@ class AddNorm:
             _increment_version((x, residual))
             return x, residual
         return add_in_place_reference(self.reference, x, residual, *args)
-
-
-def _check_params(weight: object, bias: object) -> None:
-    """Raise InputError naming weight or bias where one is neither a tensor nor None.
-
-    The ops' schemas would reject it with a TypeError that names no argument the caller wrote.
-    """
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise InputError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
 
 
 def _needs_grad(x: torch.Tensor, residual: torch.Tensor, weight: object, bias: object) -> bool:

@@ -40,6 +40,19 @@ def check_param(p: object, name: str, x: torch.Tensor, hidden: int) -> None:
         raise DeviceMismatchError(f"{name} is on {p.device} but x is on {x.device}")
 
 
+def check_optional_tensors(weight: object, bias: object) -> None:
+    """Raise InputError naming weight or bias where one is neither a tensor nor None.
+
+    For the paths that read a parameter's attributes (requires_grad, dtype) or bind the op's
+    schema before :func:`validate` runs: their own errors (an AttributeError, the schema's
+    RuntimeError) would not say which argument is wrong. A call in torch.nn.functional's order,
+    ``layer_norm(x, (hidden,))``, is the usual way to get here.
+    """
+    for value, name in ((weight, "weight"), (bias, "bias")):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+
+
 def as_float(eps: object) -> float:
     """Return eps as a float for the op's schema, raising InputError where a TypeError would."""
     if type(eps) is float:

@@ -12,7 +12,7 @@ import torch
 
 from autonorm.errors import InputError
 from autonorm.torch import backward_op
-from autonorm.torch.checks import DTYPE_NAMES, as_float, validate
+from autonorm.torch.checks import DTYPE_NAMES, as_float, check_optional_tensors, validate
 from autonorm.torch.forward import forward_cuda, forward_reference
 
 __all__ = ["layer_norm", "layer_norm_grads"]
@@ -156,6 +156,7 @@ def apply_autocast(
     ``cuda_fp32`` set to whether this torch build's CUDA autocast runs rms_norm in float32
     (:func:`torch_autocasts_to_fp32`); without it CUDA behaves as the CPU does.
     """
+    check_optional_tensors(weight, bias)
     if x.is_cuda:
         if not _is_autocast_enabled("cuda"):
             return x, weight, bias
@@ -211,28 +212,37 @@ def layer_norm(
         A new contiguous tensor of x's shape, dtype and device.
 
     Raises:
-        autonorm.errors.InputError: x is not a tensor, or eps <= 0.
+        autonorm.errors.InputError: x, weight or bias is not a tensor (weight and bias may be
+            None), or eps <= 0.
         autonorm.errors.UnsupportedDtypeError: a dtype is unsupported, or the dtypes differ.
         autonorm.errors.ShapeError: x is 0-d, or weight/bias is not (hidden,).
         autonorm.errors.DeviceMismatchError: weight or bias is on another device than x.
 
     """
     if _is_compiling():
+        check_optional_tensors(weight, bias)
         return _OP(x, weight, bias, eps)
     if type(x) is not _Tensor or dispatch_modes():
         # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
         if not isinstance(x, torch.Tensor):
             raise InputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_optional_tensors(weight, bias)
         if any_autocast():
             x, weight, bias = apply_autocast(x, weight, bias)
         return _OP(x, weight, bias, as_float(eps))
     if any_autocast():
         x, weight, bias = apply_autocast(x, weight, bias)
-    if _is_grad_enabled() and (
-        x.requires_grad
-        or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    ):
+    try:
+        needs_grad = _is_grad_enabled() and (
+            x.requires_grad
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)
+        )
+    except AttributeError:  # a parameter that is no tensor: name it, not what it lacks
+        check_optional_tensors(weight, bias)
+        raise
+    if needs_grad:
+        check_optional_tensors(weight, bias)  # x's requires_grad may have read neither
         return _OP(x, weight, bias, as_float(eps))
     if x.is_cuda:
         return forward_cuda(x, weight, bias, eps)

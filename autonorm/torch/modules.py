@@ -135,10 +135,12 @@ def replace_layer_norms(model: nn.Module) -> int:
         The number of distinct LayerNorm modules replaced.
 
     Raises:
-        autonorm.errors.InputError: ``model`` itself is a LayerNorm (it cannot be swapped in
-            place: use :meth:`LayerNorm.from_torch`).
+        autonorm.errors.InputError: ``model`` is no module, or itself a LayerNorm (it cannot be
+            swapped in place: use :meth:`LayerNorm.from_torch`).
 
     """
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if type(model) is nn.LayerNorm:
         raise InputError("model is itself a LayerNorm: use autonorm.torch.LayerNorm.from_torch")
     # _modules, not named_children(): the latter hides a module registered twice in one parent.

@@ -210,10 +210,13 @@ def replace_rms_norms(
         The number of distinct modules replaced.
 
     Raises:
-        autonorm.errors.InputError: ``model`` itself is one of the classes (it cannot be swapped
-            in place: use :meth:`RMSNorm.from_torch`), or ``classes`` is malformed.
+        autonorm.errors.InputError: ``model`` is no module, or itself one of the classes (it
+            cannot be swapped in place: use :meth:`RMSNorm.from_torch`), or ``classes`` is
+            malformed.
 
     """
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     layouts = {nn.RMSNorm: {}, **_checked_classes(classes)}
     if type(model) in layouts:
         raise InputError("model is itself an RMSNorm: use autonorm.torch.RMSNorm.from_torch")

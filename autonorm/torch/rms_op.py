@@ -14,7 +14,12 @@ import torch
 
 from autonorm.errors import InputError
 from autonorm.torch import backward_op
-from autonorm.torch.checks import as_float, check_weight_offset, validate_rms
+from autonorm.torch.checks import (
+    as_float,
+    check_optional_tensors,
+    check_weight_offset,
+    validate_rms,
+)
 from autonorm.torch.custom_op import (
     any_autocast,
     apply_autocast,
@@ -161,8 +166,8 @@ def rms_norm(
         A new contiguous tensor of x's shape, dtype and device.
 
     Raises:
-        autonorm.errors.InputError: x is not a tensor, eps <= 0, or weight_offset is no bool or
-            has no weight.
+        autonorm.errors.InputError: x or weight is not a tensor (weight may be None), eps <= 0,
+            or weight_offset is no bool or has no weight.
         autonorm.errors.UnsupportedDtypeError: a dtype is unsupported, or the dtypes differ.
         autonorm.errors.ShapeError: x is 0-d, or weight is not (hidden,).
         autonorm.errors.DeviceMismatchError: weight is on another device than x.
@@ -171,21 +176,29 @@ def rms_norm(
     if eps is None:
         eps = DEFAULT_EPS
     if _is_compiling():
+        check_optional_tensors(weight, None)
         check_weight_offset(weight_offset, weight)
         return _OP(x, weight, as_float(eps), weight_offset)
     if type(x) is not _Tensor or dispatch_modes():
         # Subclasses (Parameter, FakeTensor, DTensor) and dispatch modes go through the op.
         if not isinstance(x, torch.Tensor):
             raise InputError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_optional_tensors(weight, None)
         check_weight_offset(weight_offset, weight)
         if any_autocast():
             x, weight, _ = apply_autocast(x, weight, None, cuda_fp32=CUDA_FP32)
         return _OP(x, weight, as_float(eps), weight_offset)
     if any_autocast():
         x, weight, _ = apply_autocast(x, weight, None, cuda_fp32=CUDA_FP32)
-    if _is_grad_enabled() and (
-        x.requires_grad or (weight is not None and weight.requires_grad)
-    ):
+    try:
+        needs_grad = _is_grad_enabled() and (
+            x.requires_grad or (weight is not None and weight.requires_grad)
+        )
+    except AttributeError:  # a weight that is no tensor: name it, not what it lacks
+        check_optional_tensors(weight, None)
+        raise
+    if needs_grad:
+        check_optional_tensors(weight, None)  # x's requires_grad may not have read it
         check_weight_offset(weight_offset, weight)
         return _OP(x, weight, as_float(eps), weight_offset)
     if x.is_cuda:
