@@ -273,4 +273,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "autonorm/api.py", "    if _dtype_name(t, name) != _dtype_name(x, \"x\"):", "    if False:",
         (f"{INPUTS}::test_weight_and_bias_must_have_x_dtype",),
     ),
+    Mutation(
+        "torch-param-unchecked", "the torch ops pass a weight that is no tensor on to the op",
+        "autonorm/torch/checks.py",
+        "        if value is not None and not isinstance(value, torch.Tensor):",
+        "        if False:",
+        ("tests/test_torch_param_types.py::test_a_parameter_that_is_no_tensor_is_named"
+         "[layer_norm-weight-x-requires-grad-tuple]",),
+    ),
 )
