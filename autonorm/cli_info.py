@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 
 from autonorm import __version__, settings
+from autonorm.errors import BadSettingWarning
 
 # What a missing piece costs, said after it.
 _COSTS = {
@@ -103,6 +105,10 @@ def gather() -> dict[str, Any]:
     gpu = _gpu()
     fingerprint = gpu.get("fingerprint")
     known, unknown = settings.variables_set()
+    with warnings.catch_warnings():
+        # A setting it cannot read is among info's own lines (lines()), not on stderr besides.
+        warnings.simplefilter("ignore", BadSettingWarning)
+        shipped = settings.shipped_db_path()
     return {
         "autonorm": __version__,
         "package": str(Path(__file__).resolve().parent),
@@ -113,7 +119,7 @@ def gather() -> dict[str, Any]:
         "torch": _torch(),
         "nvcc": nvcc_path(),
         "user_db": _database(TuningDB.open_user_to_read, settings.user_db_path(), fingerprint),
-        "shipped_db": _database(TuningDB.open_shipped, settings.shipped_db_path(), fingerprint),
+        "shipped_db": _database(TuningDB.open_shipped, shipped, fingerprint),
         "cache_dir": str(settings.cache_dir()),
         "settings": known,
         "unknown_settings": unknown,
@@ -166,6 +172,7 @@ def lines(found: dict[str, Any]) -> list[str]:
     given = ", ".join(f"{name}={value}" for name, value in found["settings"].items())
     rows.append(("settings", given or "none set (defaults)"))
     rows += [("warning", message) for message in settings.unknown_variable_messages()]
+    rows += [("warning", message) for message in settings.flag_messages()]
     width = max(len(key) for key, _ in rows)
     return [f"{key:<{width}}  {value}" for key, value in rows]
 

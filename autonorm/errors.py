@@ -53,3 +53,7 @@ class ReadOnlyDatabaseWarning(UserWarning):
 
 class UnknownSettingWarning(UserWarning):
     """An ``AUTONORM_*`` environment variable is set that is no setting: it is ignored."""
+
+
+class BadSettingWarning(UserWarning):
+    """An autonorm setting holds a value it cannot read: it is ignored, the default applies."""

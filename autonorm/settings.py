@@ -14,6 +14,10 @@ Environment variables:
     AUTONORM_FIRST_USE_BUDGET_S: seconds such a tuning may take (default 15, bounded to
         1-300).
 
+The yes-or-no settings (the three "set to 1" above) read 1, true, yes and on as yes and 0, false,
+no and off as no, in any case; unset or empty is no. Any other value is ignored with a warning
+(:class:`autonorm.errors.BadSettingWarning`), once a process.
+
 Any other ``AUTONORM_*`` name (but the test suite's ``AUTONORM_TEST_*``) is no setting: the
 command line and dispatch warn of it once, with the setting most like it.
 """
@@ -33,6 +37,12 @@ VARIABLES = (
 )
 TEST_PREFIX = "AUTONORM_TEST_"
 
+# The yes-or-no settings, and the values they read (lower-cased, stripped). Anything but "" or
+# "0" once read as yes, so AUTONORM_TUNE_ON_FIRST_USE=false turned tuning on.
+FLAGS = ("AUTONORM_NO_SHIPPED_DB", "AUTONORM_NO_KEEP_X", "AUTONORM_TUNE_ON_FIRST_USE")
+YES = ("1", "true", "yes", "on")
+NO = ("", "0", "false", "no", "off")
+
 # Seconds a tuning on first use may take, unless AUTONORM_FIRST_USE_BUDGET_S says otherwise.
 FIRST_USE_BUDGET_S = 15.0
 
@@ -41,9 +51,44 @@ FIRST_USE_BUDGET_S = 15.0
 FIRST_USE_BUDGET_BOUNDS_S = (1.0, 300.0)
 
 
+def flag(name: str) -> bool:
+    """Return whether the yes-or-no setting ``name`` (one of :data:`FLAGS`) says yes.
+
+    A value that is neither yes nor no is ignored (no, the default), with a warning once a
+    process for each such value.
+    """
+    value = os.environ.get(name, "")
+    word = value.strip().lower()
+    if word in YES:
+        return True
+    if word not in NO and (name, value) not in _FLAGS_WARNED:
+        _FLAGS_WARNED.add((name, value))
+        import warnings
+
+        from autonorm.errors import BadSettingWarning
+
+        warnings.warn(_flag_message(name, value), BadSettingWarning, stacklevel=3)
+    return False
+
+
+_FLAGS_WARNED: set[tuple[str, str]] = set()
+
+
+def _flag_message(name: str, value: str) -> str:
+    return (f"{name}={value!r} is neither yes ({', '.join(YES)}) nor no "
+            f"({', '.join(v for v in NO if v)}): it is ignored")
+
+
+def flag_messages() -> list[str]:
+    """Return a line for each yes-or-no setting set to a value it cannot read (ignored)."""
+    values = ((name, os.environ.get(name, "")) for name in FLAGS)
+    return [_flag_message(name, value) for name, value in values
+            if value.strip().lower() not in YES + NO]
+
+
 def shipped_db_path() -> Path | None:
     """Return the read-only tuning database shipped with autonorm, or None if disabled."""
-    if os.environ.get("AUTONORM_NO_SHIPPED_DB", "") not in ("", "0"):
+    if flag("AUTONORM_NO_SHIPPED_DB"):
         return None
     override = os.environ.get("AUTONORM_SHIPPED_DB")
     if override:
@@ -57,7 +102,7 @@ def keep_x_allowed() -> bool:
     The hint makes LayerNorm 1-5% faster, but L2 then holds x's lines ahead of others: a kernel
     that re-reads 16-40 MB from L2 right after it ran 0.2-3.6 us slower on the H200.
     """
-    return os.environ.get("AUTONORM_NO_KEEP_X", "") in ("", "0")
+    return not flag("AUTONORM_NO_KEEP_X")
 
 
 def cache_dir() -> Path:
@@ -90,7 +135,7 @@ def studies_dir() -> Path:
 
 def tune_on_first_use() -> bool:
     """Whether ``AUTONORM_TUNE_ON_FIRST_USE`` asks to tune unknown shapes at their first call."""
-    return os.environ.get("AUTONORM_TUNE_ON_FIRST_USE", "") not in ("", "0")
+    return flag("AUTONORM_TUNE_ON_FIRST_USE")
 
 
 def first_use_budget_s() -> float:

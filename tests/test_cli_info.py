@@ -86,6 +86,20 @@ def test_a_misspelt_setting_is_named_with_the_one_meant(run, monkeypatch):
                         "ignored; did you mean AUTONORM_NO_SHIPPED_DB?"]
 
 
+def test_a_yes_or_no_setting_it_cannot_read_is_named_once(run, monkeypatch):
+    from autonorm import settings
+
+    monkeypatch.setattr(settings, "_FLAGS_WARNED", set())
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "sometimes")
+    result = CliRunner().invoke(cli.main, ["info"])
+    assert result.exit_code == 0
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning")]
+    assert warnings == ["warning     AUTONORM_NO_SHIPPED_DB='sometimes' is neither yes (1, true, "
+                        "yes, on) nor no (0, false, no, off): it is ignored"]
+    assert "warning:" not in result.stderr
+    assert _line(run(None), "shipped DB").endswith("read-only)")  # ignored: the file is used
+
+
 def test_json_holds_the_same_facts(run, monkeypatch):
     monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
     found = json.loads(run(H200, "--json"))
