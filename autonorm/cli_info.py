@@ -108,7 +108,7 @@ def gather() -> dict[str, Any]:
     with warnings.catch_warnings():
         # A setting it cannot read is among info's own lines (lines()), not on stderr besides.
         warnings.simplefilter("ignore", BadSettingWarning)
-        shipped = settings.shipped_db_path()
+        shipped = _database(TuningDB.open_shipped, settings.shipped_db_path(), fingerprint)
     return {
         "autonorm": __version__,
         "package": str(Path(__file__).resolve().parent),
@@ -119,7 +119,7 @@ def gather() -> dict[str, Any]:
         "torch": _torch(),
         "nvcc": nvcc_path(),
         "user_db": _database(TuningDB.open_user_to_read, settings.user_db_path(), fingerprint),
-        "shipped_db": _database(TuningDB.open_shipped, shipped, fingerprint),
+        "shipped_db": shipped,
         "cache_dir": str(settings.cache_dir()),
         "settings": known,
         "unknown_settings": unknown,

@@ -58,10 +58,10 @@ def flag(name: str) -> bool:
     process for each such value.
     """
     value = os.environ.get(name, "")
-    word = value.strip().lower()
-    if word in YES:
-        return True
-    if word not in NO and (name, value) not in _FLAGS_WARNED:
+    said = _reads(value)
+    if said is not None:
+        return said
+    if (name, value) not in _FLAGS_WARNED:
         _FLAGS_WARNED.add((name, value))
         import warnings
 
@@ -74,6 +74,12 @@ def flag(name: str) -> bool:
 _FLAGS_WARNED: set[tuple[str, str]] = set()
 
 
+def _reads(value: str) -> bool | None:
+    """What a yes-or-no setting's value says: True, False, or None where it is neither."""
+    word = value.strip().lower()
+    return True if word in YES else False if word in NO else None
+
+
 def _flag_message(name: str, value: str) -> str:
     return (f"{name}={value!r} is neither yes ({', '.join(YES)}) nor no "
             f"({', '.join(v for v in NO if v)}): it is ignored")
@@ -82,8 +88,7 @@ def _flag_message(name: str, value: str) -> str:
 def flag_messages() -> list[str]:
     """Return a line for each yes-or-no setting set to a value it cannot read (ignored)."""
     values = ((name, os.environ.get(name, "")) for name in FLAGS)
-    return [_flag_message(name, value) for name, value in values
-            if value.strip().lower() not in YES + NO]
+    return [_flag_message(name, value) for name, value in values if _reads(value) is None]
 
 
 def shipped_db_path() -> Path | None:

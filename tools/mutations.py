@@ -276,8 +276,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "torch-param-unchecked", "the torch ops pass a weight that is no tensor on to the op",
         "autonorm/torch/checks.py",
-        "        if value is not None and not isinstance(value, torch.Tensor):",
-        "        if False:",
+        "    if value is not None and not isinstance(value, torch.Tensor):",
+        "    if False:",
         ("tests/test_torch_param_types.py::test_a_parameter_that_is_no_tensor_is_named"
          "[layer_norm-weight-x-requires-grad-tuple]",),
     ),

@@ -25,8 +25,7 @@ NARROW_DTYPES = tuple(t for t, name in DTYPE_NAMES.items() if name in NARROW)
 
 def check_param(p: object, name: str, x: torch.Tensor, hidden: int) -> None:
     """Raise unless ``p`` is a 1-D tensor of ``hidden`` elements, x's dtype, on x's device."""
-    if not isinstance(p, torch.Tensor):
-        raise InputError(f"{name} must be a torch.Tensor or None, got {type(p).__name__}")
+    check_tensor_or_none(p, name)
     if p.dim() != 1 or p.shape[0] != hidden:
         raise ShapeError(
             f"{name} must be 1-D with hidden={hidden} elements (the last dimension of x, shape "
@@ -48,9 +47,14 @@ def check_optional_tensors(weight: object, bias: object) -> None:
     RuntimeError) would not say which argument is wrong. A call in torch.nn.functional's order,
     ``layer_norm(x, (hidden,))``, is the usual way to get here.
     """
-    for value, name in ((weight, "weight"), (bias, "bias")):
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise InputError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+    check_tensor_or_none(weight, "weight")
+    check_tensor_or_none(bias, "bias")
+
+
+def check_tensor_or_none(value: object, name: str) -> None:
+    """Raise InputError naming ``name`` unless ``value`` is a tensor or None."""
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
 
 
 def as_float(eps: object) -> float:
