@@ -43,6 +43,9 @@ CASES = {
     # Gemma's weight, an odd hidden size (no bulk copy: compute capability 7.5).
     "rms-bf16-3001-offset": ("rms_norm_backward", {
         "hidden": 3001, "dtype": "bfloat16", "weight_offset": True}, 4096, None),
+    # A cluster of 16 blocks (non-portable): the launcher allows it before it asks the driver.
+    "ln-fp32-65536-c16": ("layer_norm_backward", {"hidden": 65536, "dtype": "float32"}, 1024,
+                          None),
     # Groups: one cluster whatever the rows.
     "ln-bf16-4096-groups": ("layer_norm_backward", {"hidden": 4096, "dtype": "bfloat16"}, 64,
                             BackwardConfig(32, 8, "bulk", "smem", 1, stages=1, groups=2)),

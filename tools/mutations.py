@@ -281,4 +281,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_torch_param_types.py::test_a_parameter_that_is_no_tensor_is_named"
          "[layer_norm-weight-x-requires-grad-tuple]",),
     ),
+    Mutation(
+        "held-lanes-past-a-warp", "a held row's exchange by lanes takes more totals than lanes",
+        "autonorm/ops/norm_backward/plan.py",
+        "    if config.lanes and config.hold and config.cluster * TOTALS[problem.norm] > "
+        "LANES_EXCHANGED:",
+        "    if False:",
+        ("tests/test_backward_family.py::"
+         "test_a_held_exchange_by_lanes_gives_each_lane_one_total",),
+    ),
+    Mutation(
+        "cluster-past-the-device", "a cluster of 16 blocks is planned for a device of 8",
+        "autonorm/ops/norm_backward/plan.py",
+        "    elif config.cluster > device.max_cluster_blocks:", "    elif False:",
+        ("tests/test_backward_family.py::test_clusters_past_eight_blocks_are_hoppers",),
+    ),
 )

@@ -26,10 +26,12 @@ from autonorm.runtime.abi import KernelABI
 from autonorm.runtime.driver import (
     _RETRY_WITH_CUPY,
     _DriverLauncher,
+    allow_large_clusters,
     resident_clusters,
     usable_sm_count,
     wrap_stream,
 )
+from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
 
 if TYPE_CHECKING:
     from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
@@ -208,7 +210,8 @@ def compile_kernel(
             (``Family.kernel_abi``).
 
     Raises:
-        CompileError: NVRTC rejected the source.
+        CompileError: NVRTC rejected the source, or the device launches no cluster of the
+            kernel's size.
         autonorm.runtime.device.NoGPUError: no GPU or no CuPy.
 
     """
@@ -237,11 +240,22 @@ def compile_kernel(
         static = raw.attributes.get("shared_size_bytes", 0)
         if rendered.launch.smem_bytes + static > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
+        cluster = rendered.launch.cluster
+        large = cluster > PORTABLE_CLUSTER_BLOCKS
+        if large and not allow_large_clusters(raw.kernel):
+            raise CompileError(f"{rendered.config.label()}: the driver refused a cluster of "
+                               f"{cluster} blocks")
         device = cupy.cuda.runtime.getDevice()
-        return CompiledKernel(
+        kernel = CompiledKernel(
             rendered, raw.kernel, usable_sms(device, info.sm_count), abi=abi,
             attributes=raw.attributes, device_id=device,
         )
+        if large and kernel.plan.resident and not kernel.resident_clusters:
+            # A grid sized without the driver's count could wait at its barrier for a cluster
+            # that never becomes resident; the portable sizes fit every device with clusters.
+            raise CompileError(f"{rendered.config.label()}: no cluster of {cluster} blocks "
+                               "fits this device")
+        return kernel
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,7 +1,8 @@
 """The CUDA driver through ctypes: the kernel launcher, raw streams and occupancy queries.
 
 :class:`_DriverLauncher` calls ``cuLaunchKernel`` directly, which costs a fraction of CuPy's call
-path; :func:`resident_clusters` asks the driver how many clusters fit at once. Both
+path; :func:`resident_clusters` asks the driver how many clusters fit at once, and
+:func:`allow_large_clusters` lets a kernel launch clusters past the portable size. Both
 :mod:`autonorm.runtime.compiler` and :mod:`autonorm.runtime.workspace` use this module, and it
 uses neither. CuPy is imported only where a stream is wrapped.
 """
@@ -241,6 +242,27 @@ class _LaunchConfig(ctypes.Structure):
         ("smem", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
         ("num_attrs", ctypes.c_uint),
     ]
+
+
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: a kernel may launch clusters past the
+# portable size where the device allows them (16 blocks on Hopper).
+_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+
+
+def allow_large_clusters(function: Any) -> bool:
+    """Let a kernel launch clusters past the portable 8 blocks; return whether the driver did.
+
+    Without it a launch of a larger cluster, and the occupancy query of one, fail.
+    """
+    lib = driver_library()
+    ptr = getattr(function, "ptr", None)
+    if not lib or not ptr:
+        return False
+    code = lib.cuFuncSetAttribute(
+        ctypes.c_void_p(int(ptr)), ctypes.c_int(_NON_PORTABLE_CLUSTER_SIZE_ALLOWED),
+        ctypes.c_int(1),
+    )
+    return code == 0
 
 
 def resident_clusters(function: Any, plan: LaunchPlan, sm_count: int) -> int | None:

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The blocks a portable thread-block cluster may have, and the larger (non-portable) clusters
+# that devices of a compute capability launch.
+PORTABLE_CLUSTER_BLOCKS = 8
+NON_PORTABLE_CLUSTER_BLOCKS = {90: 16}
+
 
 @dataclass(frozen=True)
 class DeviceLimits:
@@ -24,6 +29,16 @@ class DeviceLimits:
     max_threads_per_sm: int = 2048
     l2_bytes: int = 62914560
     smem_per_sm: int = 233472
+
+    @property
+    def max_cluster_blocks(self) -> int:
+        """Blocks a thread-block cluster may have: 16 (non-portable) on Hopper, else 8.
+
+        Eight is the portable size every device with clusters launches; Hopper (H100, H200)
+        launches 16 where the kernel allows non-portable sizes. Other devices keep the portable
+        size until one is measured.
+        """
+        return NON_PORTABLE_CLUSTER_BLOCKS.get(self.cc, PORTABLE_CLUSTER_BLOCKS)
 
     @property
     def arch(self) -> str:

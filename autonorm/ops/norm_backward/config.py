@@ -33,8 +33,9 @@ STAGES = (0, 1, 2, 3, 4)
 
 # Blocks of a thread-block cluster that split each row's columns (bulk-copy kernels): each holds
 # the sums of its share of the columns, and the row's statistics meet in distributed shared
-# memory.
-CLUSTERS = (1, 2, 4, 8)
+# memory. A cluster past 8 blocks is non-portable: the kernel asks the driver for it, and only
+# devices that allow it run one (DeviceLimits.max_cluster_blocks).
+CLUSTERS = (1, 2, 4, 8, 16)
 
 # Groups of a cluster's blocks that take rows side by side (bulk-copy kernels launched as one
 # cluster): each group of ``cluster`` blocks takes every ``groups``-th row, and the groups'

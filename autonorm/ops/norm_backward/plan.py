@@ -66,6 +66,9 @@ TILE_BYTES_PER_WARP = 128 * 4
 # Sums a reduction passes at once: LayerNorm's statistics take one reduction of four (the
 # shifted sums), RMSNorm's one of two.
 TOTALS = {"layer": 4, "rms": 2}
+# Totals a held row's exchange by lanes passes: one a lane of a warp, from every block of the
+# cluster.
+LANES_EXCHANGED = 32
 # LayerNorm's one-pass statistics about the shift (the row's first element) stand where
 # cmean^2 <= SHIFT_NEAR * var, cmean being the mean less the shift: the shift lies within two
 # standard deviations of the mean and the sums about it cancel by at most 1 + SHIFT_NEAR. Other
@@ -208,6 +211,10 @@ def check(config: Config, problem: BackwardProblem, device: object) -> list[str]
         reasons.append(f"{elems} elements a thread exceed {MAX_CACHED} held in registers")
     if config.lanes and config.threads < LANES_MIN_THREADS:
         reasons.append(f"lanes add the totals of warps: {config.threads} threads are one warp")
+    if config.lanes and config.hold and config.cluster * TOTALS[problem.norm] > LANES_EXCHANGED:
+        # A held row's exchange by lanes gives each lane of a warp one total of one block.
+        reasons.append(f"lanes exchange {config.cluster} blocks' {TOTALS[problem.norm]} totals "
+                       f"one a lane: at most {LANES_EXCHANGED}")
     if config.prefetch and config.cache != "registers":
         reasons.append("prefetch holds the next row in registers: it needs cache=registers")
     if config.cache == "none" and config.acc == "registers" and problem.sums:
@@ -251,6 +258,9 @@ def _bulk_reasons(config: Config, problem: BackwardProblem, device: object) -> l
         reasons.append("cache='bulk' needs 1 or more stages")
     if device.cc < 90:  # type: ignore[attr-defined]
         reasons.append("the bulk-copy engine needs compute capability 9.0 or newer")
+    elif config.cluster > device.max_cluster_blocks:  # type: ignore[attr-defined]
+        reasons.append(f"a cluster of {config.cluster} blocks exceeds the "
+                       f"{device.max_cluster_blocks} this device launches")  # type: ignore[attr-defined]
     if config.vec * problem.itemsize != 16:
         # Stage reads are 16-byte vectors, and a row copy must be a multiple of 16 bytes.
         reasons.append("cache='bulk' takes 16-byte vectors")

@@ -34,6 +34,7 @@ from autonorm.ops.norm_backward.plan import (
     register_cap,
 )
 from autonorm.ops.norm_backward.problem import BackwardProblem
+from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
 
 # The default's preferences: rows held in registers, then sums in registers, shared memory, L2.
 _ACC_RANK = {"registers": 0, "smem": 1, "global": 2, "reread": 3}
@@ -59,6 +60,11 @@ TARGET_SHARE = 4096
 # a bias) the cluster's 512-thread bulk kernel, held, with its sums in registers ran x1.19 (bf16)
 # and x1.33 (fp16) over it (H200, docs/backward.md); 20-24 are untimed and keep the form.
 SPLIT_SMEM_MAX_ELEMS = 24
+
+# Registers a held row over a non-portable cluster keeps under its cap: estimated at the cap
+# (128 of 128, 16-bit LayerNorm 114688 and 131072, 512 threads) it spilled 8-32 bytes, and 4
+# or more under (110-124) it did not (nvcc 13.0, sm_90).
+SPLIT_REG_MARGIN = 4
 
 # The headroom the default's prefetching form needs (nvcc 13.0, sm_90, every default from 1 to
 # 65536 elements: 126 estimated spilled at a cap of 128, 112 fit in 124).
@@ -186,11 +192,18 @@ def _split_form(
 ) -> Config | None:
     """The default for rows past :data:`SPLIT_ABOVE` elements, or None where none applies.
 
-    The row splits over the smallest cluster that leaves each block at most
-    :data:`TARGET_SHARE` elements (else the largest cluster), in the form that was the fastest
-    of its cluster, or within a point of it, at every shape timed: 256 threads, two blocks an
-    SM, two stages, the row held, sums in registers where they fit, else in shared memory.
-    Where that form does not fit, the cluster's best bulk kernel, held where that fits.
+    The row splits over the smallest portable cluster that leaves each block at most
+    :data:`TARGET_SHARE` elements (else the largest portable one), in the form that was the
+    fastest of its cluster, or within a point of it, at every shape timed: 256 threads, two
+    blocks an SM, two stages, the row held, sums in registers where they fit, else in shared
+    memory. Where that form does not fit, the cluster's best bulk kernel, held where that fits.
+
+    Where that kernel does not hold its share of the row with a second stage, a larger
+    (non-portable) cluster's kernel that does (:func:`_held_split`). Over 16 blocks, against
+    the kernel of 8 (H100, rows of 2^26 elements, docs/backward.md): LayerNorm fp32 65536
+    x1.18, 131072 x2.7 or more, RMSNorm bf16 98304 and 131072 x1.03 and x1.11, fp32 x1.38 and x1.41;
+    where 8 blocks hold their share with two stages they kept the lead (LayerNorm bf16 49152
+    and 65536) or came within 4% (bf16 98304, fp32 49152).
 
     Args:
         problem: the problem.
@@ -204,7 +217,51 @@ def _split_form(
     if not bulk:
         return None
     clusters = sorted({c.cluster for c in bulk})
-    cluster = next((k for k in clusters if problem.hidden // k <= TARGET_SHARE), clusters[-1])
+    portable = [k for k in clusters if k <= PORTABLE_CLUSTER_BLOCKS] or clusters[:1]
+    cluster = next((k for k in portable if problem.hidden // k <= TARGET_SHARE), portable[-1])
+    form = _split_at(cluster, bulk, problem, device, scores)
+    if _streams_held(form) and cluster <= PORTABLE_CLUSTER_BLOCKS:
+        return form
+    for larger in (k for k in clusters if k >= cluster and k > PORTABLE_CLUSTER_BLOCKS):
+        held = _held_split(larger, bulk, problem, device, scores)
+        if held is not None:
+            return held
+    return form
+
+
+def _held_split(
+    cluster: int, bulk: list[Config], problem: BackwardProblem, device: object,
+    scores: dict[Config, tuple],
+) -> Config | None:
+    """A kernel of ``cluster`` blocks holding its share of the row with two stages or more.
+
+    :func:`_split_at`'s pick where it is one with :data:`SPLIT_REG_MARGIN` registers to spare,
+    else the best-scoring such held form of a kernel of ``bulk``; None where there is none.
+    """
+    pick = _split_at(cluster, bulk, problem, device, scores)
+    if _streams_held(pick) and _leaves_headroom(pick, problem, device):
+        return pick
+    held = [h for h in (dataclasses.replace(c, hold=True) for c in bulk
+                        if c.cluster == cluster and c.stages >= 2)
+            if not check(h, problem, device) and _leaves_headroom(h, problem, device)]
+    return min(held, key=lambda h: _bulk_score(h, problem, device)) if held else None
+
+
+def _leaves_headroom(config: Config, problem: BackwardProblem, device: object) -> bool:
+    """Whether ``config``'s register estimate stays :data:`SPLIT_REG_MARGIN` under its cap."""
+    return derive_plan(config, problem).regs + SPLIT_REG_MARGIN <= register_cap(config, device)
+
+
+def _streams_held(config: Config) -> bool:
+    """Whether ``config`` holds its share of the row and has a stage landing while it works."""
+    return config.hold and config.stages >= 2
+
+
+def _split_at(
+    cluster: int, bulk: list[Config], problem: BackwardProblem, device: object,
+    scores: dict[Config, tuple],
+) -> Config:
+    """:func:`_split_form`'s pick among the kernels of ``bulk`` split over ``cluster`` blocks."""
     vec = 16 // problem.itemsize
     for acc in ("registers", "smem"):
         form = Config(256, vec, "bulk", acc, 2, stages=2, cluster=cluster, hold=True)
