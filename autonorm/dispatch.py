@@ -87,7 +87,6 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
         kernel = _KERNELS.get(key)
         if kernel is None:
             from autonorm import settings
-            from autonorm.ops.registry import family_of
             from autonorm.runtime import compiler
             from autonorm.runtime.device import query_device
             from autonorm.tune import first_use
@@ -97,8 +96,7 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
             # Opt-in: a shape with no winner for its rows bucket may be tuned now, once.
             choice = first_use.settle(problem, rows, device_id, choice, choose_config)
             limits = query_device(device_id).limits()
-            rendered = family_of(problem).render(choice.config, problem, limits)
-            kernel = compiler.compile_kernel(rendered, device_id)
+            choice, kernel, limits = _compile_placed(problem, rows, limits, choice, device_id)
             # No search measured a default or a neighbour's winner on this problem here.
             unmeasured = choice.source == "default" or choice.source.endswith("-neighbour")
             if unmeasured and compiler.local_bytes(kernel):
@@ -107,6 +105,34 @@ def get_kernel(problem: Problem, rows: int, device_id: int = 0) -> Any:
             _CHOICES[key] = choice
             _KERNELS[key] = kernel
     return kernel
+
+
+def _compile_placed(
+    problem: Problem, rows: int, limits: Any, choice: Choice, device_id: int
+) -> tuple[Choice, Any, Any]:
+    """Compile the pick, or the default on portable clusters where this device refuses it.
+
+    A cluster past the portable size compiles only where the device places one (not every MIG
+    slice of a Hopper does): there the default planned on portable clusters runs instead.
+
+    Returns:
+        The choice that runs, its compiled kernel and the limits it was planned for.
+    """
+    from autonorm.errors import CompileError
+    from autonorm.ops.registry import family_of
+    from autonorm.runtime import compiler
+    from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
+
+    family = family_of(problem)
+    try:
+        kernel = compiler.compile_kernel(family.render(choice.config, problem, limits), device_id)
+    except CompileError:
+        if getattr(choice.config, "cluster", 1) <= PORTABLE_CLUSTER_BLOCKS:
+            raise
+        limits = limits.portable()
+        choice = Choice(family.default(problem, limits, rows), "default")
+        kernel = compiler.compile_kernel(family.render(choice.config, problem, limits), device_id)
+    return choice, kernel, limits
 
 
 def _without_spills(

@@ -162,3 +162,45 @@ def test_a_neighbours_winner_that_spills_gives_way_to_the_default(a100, tmp_path
     assert compiled == [winner, default]
     assert kernel.rendered.config == default
     assert dispatch.chosen(problem, 8192) == lookup.Choice(default, "default")
+
+
+def test_a_cluster_the_device_does_not_place_gives_way_to_the_portable_default(
+    tmp_path, monkeypatch
+):
+    # LayerNorm fp32 65536's default splits its rows over 16 blocks on Hopper; where the
+    # driver places no such cluster (compile_kernel refuses it), the default planned on the
+    # portable 8 runs.
+    import autonorm.runtime.device
+
+    hopper = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6144, 3201000)
+    monkeypatch.setenv("AUTONORM_DB", str(tmp_path / "user.db"))
+    monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: hopper)
+    compiled: list = []
+
+    def compile_kernel(rendered, device_id=None, abi=None):
+        compiled.append(rendered.config)
+        if rendered.launch.cluster > 8:
+            raise CompileError(f"{rendered.config.label()}: no cluster of 16 blocks fits")
+        return FakeKernel(rendered, 0)
+
+    monkeypatch.setattr(compiler, "compile_kernel", compile_kernel)
+    dispatch.clear_cache()
+    problem = BACKWARD.problem(hidden=65536, dtype="float32")
+    wide = BACKWARD.default(problem, hopper.limits(), 1024)
+    portable = BACKWARD.default(problem, hopper.limits().portable(), 1024)
+    assert (wide.cluster, portable.cluster) == (16, 8)
+    try:
+        kernel = dispatch.get_kernel(problem, 1024)
+        assert kernel.rendered.config == portable
+        assert compiled == [wide, portable]
+        choice = dispatch.chosen(problem, 1024)
+        assert (choice.config, choice.source) == (portable, "default")
+        # A pick of the portable sizes that fails to compile is an error, as before.
+        compiled.clear()
+        monkeypatch.setattr(compiler, "compile_kernel", lambda *a, **k: (_ for _ in ()).throw(
+            CompileError("rejected")))
+        with pytest.raises(CompileError):
+            dispatch.get_kernel(BACKWARD.problem(hidden=4096, dtype="float32"), 1024)
+    finally:
+        dispatch.clear_cache()

@@ -9,6 +9,7 @@ Pure logic: no CuPy, no GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # The blocks a portable thread-block cluster may have, and the larger (non-portable) clusters
@@ -19,7 +20,11 @@ NON_PORTABLE_CLUSTER_BLOCKS = {90: 16}
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """The device properties that decide validity and launch shapes."""
+    """The device properties that decide validity and launch shapes.
+
+    ``cluster_limit`` caps the blocks of a cluster below what the compute capability allows
+    (0: no cap), for a device that does not place the larger clusters (:meth:`portable`).
+    """
 
     name: str = "NVIDIA H200"
     cc: int = 90
@@ -29,6 +34,7 @@ class DeviceLimits:
     max_threads_per_sm: int = 2048
     l2_bytes: int = 62914560
     smem_per_sm: int = 233472
+    cluster_limit: int = 0
 
     @property
     def max_cluster_blocks(self) -> int:
@@ -36,9 +42,14 @@ class DeviceLimits:
 
         Eight is the portable size every device with clusters launches; Hopper (H100, H200)
         launches 16 where the kernel allows non-portable sizes. Other devices keep the portable
-        size until one is measured.
+        size until one is measured. ``cluster_limit``, where set, caps it.
         """
-        return NON_PORTABLE_CLUSTER_BLOCKS.get(self.cc, PORTABLE_CLUSTER_BLOCKS)
+        blocks = NON_PORTABLE_CLUSTER_BLOCKS.get(self.cc, PORTABLE_CLUSTER_BLOCKS)
+        return min(blocks, self.cluster_limit) if self.cluster_limit else blocks
+
+    def portable(self) -> DeviceLimits:
+        """These limits with clusters of at most the portable size."""
+        return dataclasses.replace(self, cluster_limit=PORTABLE_CLUSTER_BLOCKS)
 
     @property
     def arch(self) -> str:
