@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
+
 if TYPE_CHECKING:
     from autonorm.ops.base import Config, Problem
 
@@ -37,6 +39,11 @@ class LaunchPlan:
     reduce_tiles: int = 0
     spread_rows: int = 0
     single: bool = False
+
+    @property
+    def large_cluster(self) -> bool:
+        """Whether the cluster is past the portable size (the kernel must be allowed it)."""
+        return self.cluster > PORTABLE_CLUSTER_BLOCKS
 
     def grid(self, rows: int, sm_count: int, resident_clusters: int | None = None) -> int:
         """Return the number of blocks for ``rows`` rows (a multiple of the cluster size).

@@ -31,7 +31,6 @@ from autonorm.runtime.driver import (
     usable_sm_count,
     wrap_stream,
 )
-from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
 
 if TYPE_CHECKING:
     from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
@@ -241,7 +240,7 @@ def compile_kernel(
         if rendered.launch.smem_bytes + static > _DEFAULT_SMEM_LIMIT:
             raw.max_dynamic_shared_size_bytes = rendered.launch.smem_bytes
         cluster = rendered.launch.cluster
-        large = cluster > PORTABLE_CLUSTER_BLOCKS
+        large = rendered.launch.large_cluster
         if large and not allow_large_clusters(raw.kernel):
             raise CompileError(f"{rendered.config.label()}: the driver refused a cluster of "
                                f"{cluster} blocks")

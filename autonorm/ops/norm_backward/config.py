@@ -9,6 +9,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
+
 THREADS = (32, 64, 128, 256, 512, 1024)
 
 VECS = (1, 2, 4, 8)
@@ -42,7 +44,7 @@ CLUSTERS = (1, 2, 4, 8, 16)
 # column sums meet in distributed shared memory, not at a grid barrier. A cluster of
 # ``cluster * groups`` blocks stays within the 8 a portable cluster may have.
 GROUPS = (1, 2, 4, 8)
-MAX_CLUSTER_BLOCKS = 8
+MAX_CLUSTER_BLOCKS = PORTABLE_CLUSTER_BLOCKS
 
 # The fewest threads a block adding a row's sums by lanes needs: two warps, whose totals meet.
 LANES_MIN_THREADS = 64

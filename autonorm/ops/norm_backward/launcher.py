@@ -30,7 +30,6 @@ from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.norm_backward.codegen import TEMPLATE_DIR, code_version
 from autonorm.ops.norm_backward.contract import grid_rule, grid_terms
 from autonorm.ops.norm_backward.problem import BackwardProblem
-from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
 
 HEADER_TEMPLATE = "export_backward.h.j2"
 SOURCE_TEMPLATE = "export_backward.cu.j2"
@@ -136,5 +135,5 @@ def _context(kernel: RenderedKernel, basename: str) -> dict[str, Any]:
         "counter_bytes": COUNTER_BYTES,
         "partials_offset": PARTIALS_OFFSET,
         "min_cc": 90 if kernel.config.cache == "bulk" else 75,
-        "large_cluster": plan.cluster > PORTABLE_CLUSTER_BLOCKS,
+        "large_cluster": plan.large_cluster,
     }
