@@ -121,13 +121,14 @@ def _compile_placed(
     from autonorm.errors import CompileError
     from autonorm.ops.registry import family_of
     from autonorm.runtime import compiler
-    from autonorm.runtime.limits import PORTABLE_CLUSTER_BLOCKS
 
     family = family_of(problem)
+    rendered = family.render(choice.config, problem, limits)
     try:
-        kernel = compiler.compile_kernel(family.render(choice.config, problem, limits), device_id)
+        kernel = compiler.compile_kernel(rendered, device_id)
     except CompileError:
-        if getattr(choice.config, "cluster", 1) <= PORTABLE_CLUSTER_BLOCKS:
+        # The compiler's own test of a non-portable cluster, so both agree on which picks fall back.
+        if not rendered.launch.large_cluster:
             raise
         limits = limits.portable()
         choice = Choice(family.default(problem, limits, rows), "default")
