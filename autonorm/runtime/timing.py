@@ -111,7 +111,7 @@ def time_launches(
     """
     import cupy
 
-    stream = cupy.cuda.Stream(non_blocking=True)
+    stream = _after_current_stream(cupy)
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     counter = 0
 
@@ -175,8 +175,8 @@ def time_single_launches(
     """
     import cupy
 
-    stream = cupy.cuda.Stream(non_blocking=True)
     buf = _flush_buffer(cupy.cuda.Device().id, flush_bytes)
+    stream = _after_current_stream(cupy)
     pairs = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(samples)]
     with stream:
         # A lead of flushes keeps the GPU busy while the host enqueues, so no start event fires
@@ -193,6 +193,22 @@ def time_single_launches(
     stream.synchronize()
     times = [cupy.cuda.get_elapsed_time(a, b) / 1e3 for a, b in pairs]
     return summarize(times, nbytes, copy_gbps)
+
+
+def _after_current_stream(cupy: Any) -> Any:
+    """A new non-blocking stream whose work starts after all the current stream has queued.
+
+    The timers launch on a stream of their own, which does not wait for the legacy default
+    stream: a launch there could read inputs whose fill is still queued, or write a buffer the
+    memory pool handed on while a queued kernel still uses its memory. CuPy frees an array to
+    the pool as soon as Python drops it and reuses the memory for the next allocation on the
+    same stream, which is safe only for work ordered after it: a copy of 384 MB timed on a
+    stream of its own has overwritten a float64 temporary that a queued reference computation
+    was still reading. The event orders every launch here after that work.
+    """
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    return stream
 
 
 @functools.cache
