@@ -18,6 +18,7 @@ from autonorm.runtime import timing
 class _Log:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.streams: dict[int, str] = {}  # a stream's handle -> its name
 
 
 class _Event:
@@ -32,14 +33,11 @@ class _Event:
 
 
 class _Stream:
-    count = 0
-
-    def __init__(self, log: _Log, non_blocking: bool = False, name: str | None = None) -> None:
-        _Stream.count += 1
+    def __init__(self, log: _Log, name: str | None = None) -> None:
         self.log = log
-        self.name = name or f"timer{_Stream.count}"
-        self.ptr = 1000 + _Stream.count
-        self.non_blocking = non_blocking
+        self.ptr = 1000 + len(log.streams)
+        self.name = name or f"timer{self.ptr}"
+        log.streams[self.ptr] = self.name
 
     def record(self) -> _Event:
         self.log.calls.append(("record-on", self.name))
@@ -74,7 +72,7 @@ class _Device:
 def _fake_cupy(log: _Log) -> types.ModuleType:
     current = _Stream(log, name="current")
     cuda = types.SimpleNamespace(
-        Stream=lambda non_blocking=False: _Stream(log, non_blocking),
+        Stream=lambda non_blocking=False: _Stream(log),
         Event=lambda: _Event(log),
         get_current_stream=lambda: current,
         get_elapsed_time=lambda a, b: 1.0,  # ms: every batch takes a millisecond
@@ -97,7 +95,17 @@ def log(monkeypatch: pytest.MonkeyPatch) -> _Log:
     timing._flush_buffer.cache_clear()
 
 
-def _first_launch_after_wait(log: _Log) -> None:
+def _launcher(log: _Log) -> Any:
+    """A launch for the timers that records the stream it was given."""
+
+    def launch(i: int, stream_ptr: int) -> None:
+        log.calls.append(("launch", log.streams[stream_ptr]))
+
+    return launch
+
+
+def _first_launch_after_wait(log: _Log) -> int:
+    """Check that every launch follows the timers' wait; return the wait's place in the log."""
     kinds = [kind for kind, _ in log.calls]
     assert "launch" in kinds, log.calls
     first_launch = kinds.index("launch")
@@ -109,23 +117,19 @@ def _first_launch_after_wait(log: _Log) -> None:
     # Every launch went to the stream that waited.
     timer = log.calls[waits[0]][1][0]
     assert {what for kind, what in log.calls if kind == "launch"} == {timer}
+    return waits[0]
 
 
 def test_back_to_back_timing_waits_for_the_current_stream(log: _Log) -> None:
-    def launch(i: int, stream_ptr: int) -> None:
-        log.calls.append(("launch", f"timer{stream_ptr - 1000}"))
-
-    result = timing.time_launches(launch, 1 << 20, 1, samples=3)
+    result = timing.time_launches(_launcher(log), 1 << 20, 1, samples=3)
     assert result.samples == 3
     _first_launch_after_wait(log)
 
 
 def test_single_launch_timing_waits_for_the_current_stream(log: _Log) -> None:
-    def launch(i: int, stream_ptr: int) -> None:
-        log.calls.append(("launch", f"timer{stream_ptr - 1000}"))
-
-    result = timing.time_single_launches(launch, 1 << 20, 1, flush_bytes=1 << 20, samples=3)
+    result = timing.time_single_launches(_launcher(log), 1 << 20, 1, flush_bytes=1 << 20,
+                                         samples=3)
     assert result.samples == 3
-    _first_launch_after_wait(log)
-    # The flushes run on the timers' stream too, after the wait.
-    assert log.calls.index(("flush", None)) > log.calls.index(("record-on", "current"))
+    wait = _first_launch_after_wait(log)
+    # The flushes, which read a buffer filled on the current stream, come after the wait too.
+    assert log.calls.index(("flush", None)) > wait
