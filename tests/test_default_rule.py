@@ -133,12 +133,31 @@ def test_the_rule_fits_its_stages_to_the_shared_memory():
 def test_rows_the_bulk_kernel_cannot_take_fall_to_the_row_kernel():
     # Skewed rows over 64 KB would need a cluster, which they cannot take; few short rows are
     # not split (the split gained nothing under 32 KB).
-    for problem, rows in ((Problem(26531, "float32"), 2529), (Problem(20001, "float32"), 1),
-                          (Problem(40001, "bfloat16"), 1677),
+    for problem, rows in ((Problem(26531, "float32"), 2529), (Problem(40001, "bfloat16"), 1677),
                           (Problem(4096, "bfloat16"), 1), (Problem(6144, "float32"), 8)):
         config = default_config(problem, H200, rows)
         assert config.cache != "bulk" and config.cluster == 1, (problem, rows, config.label())
         assert check(config, problem) == []
+
+
+def test_few_rows_the_bulk_kernel_cannot_split_take_the_row_kernels_cluster():
+    # Skewed rows, and rows whose vectors no cluster of 4 or 8 divides (27656 = 8 x 3457), of
+    # 32 KB and more: each over a cluster of 8 row-kernel blocks while rows x 8 fit the SMs.
+    for problem in (Problem(26531, "float32"), Problem(20001, "float32"),
+                    Problem(26531, "bfloat16"), Problem(27656, "float32"),
+                    Problem(27656, "bfloat16"), RmsProblem(26531, "bfloat16"),
+                    Problem(27656, "float32", residual=True)):
+        for rows in (1, 8, 16):
+            config = default_config(problem, H200, rows)
+            assert config.cache == "registers" and config.cluster == 8, (problem, config.label())
+            assert config.threads == (512 if problem.hidden % problem.max_vec else 256)
+            assert derive_plan(config, problem, H200).shape.ragged
+            assert check(config, problem) == []
+        assert default_config(problem, H200, 17).cluster < 8  # 17 x 8 blocks outnumber the SMs
+    # Rows the bulk kernel splits keep its split; short rows keep one block.
+    assert default_config(Problem(32768, "float32"), H200, 1).cache == "bulk"
+    assert default_config(Problem(6001, "float32"), H200, 1).cluster == 1
+    assert default_config(Problem(26531, "float32"), A100, 1).cluster == 1
 
 
 def test_skewed_rows_up_to_64_kb_take_the_unclustered_bulk_kernel():

@@ -74,8 +74,13 @@ def test_vec_not_dividing_hidden_reads_rows_skewed():
                     "splits only rows of whole 16-byte vectors over a cluster")
     assert_rejected(KernelConfig(128, 8, 1, "registers", "two_pass", 1, 4), problem,
                     "a prefetching kernel")
-    assert_rejected(KernelConfig(1024, 8, 1, "smem", "two_pass", 2, 0), problem,
-                    "cluster x vec must divide hidden")
+    # The row kernel's cluster deals the row's 126 aligned vectors out in runs of 63.
+    ragged = KernelConfig(32, 8, 1, "smem", "two_pass", 2, 0)
+    assert_accepted(ragged, problem)
+    assert derive_plan(ragged, problem).shape.ragged
+    assert derive_plan(ragged, problem).shape.vectors == 63
+    assert_rejected(KernelConfig(32, 8, 1, "smem", "two_pass", 4, 0), Problem(9, "bfloat16"),
+                    "leaves its last block no vectors")
 
 
 def test_skewed_rows_keep_clear_of_the_spills_nvcc_showed():
@@ -153,12 +158,16 @@ def test_cluster_with_several_rows_per_block_rejected():
     assert_accepted(dataclasses.replace(bad, cluster=1), problem)
 
 
-def test_cluster_times_vec_not_dividing_hidden_rejected():
+def test_only_the_row_kernel_splits_rows_a_cluster_does_not_divide():
     problem = Problem(1000, "bfloat16")  # 1000 = 8 x 125: vec 8 fits, cluster 2 x vec 8 not
-    bad = KernelConfig(threads=128, vec=8, cache="smem", stats="welford", cluster=2)
-    assert_rejected(bad, problem, "cluster x vec must divide hidden")
-    assert_accepted(dataclasses.replace(bad, vec=4), problem)
-    assert_accepted(dataclasses.replace(bad, cluster=1, threads=64), problem)
+    ragged = KernelConfig(threads=64, vec=8, cache="smem", stats="welford", cluster=2)
+    assert_accepted(ragged, problem)
+    shape = derive_plan(ragged, problem).shape
+    assert shape.ragged and not shape.even and shape.vectors == 63  # runs of 63 and 62
+    assert shape.segment == 63 * 8  # the stride from one block's run to the next
+    assert not derive_plan(dataclasses.replace(ragged, vec=4), problem).shape.ragged
+    assert_rejected(KernelConfig(128, 8, 1, "bulk", "two_pass", 2, 0, 2), Problem(1096, "bfloat16"),
+                    "bulk-copy kernel's cluster needs cluster x vec to divide hidden")
 
 
 def test_cluster_needs_hopper():
@@ -454,12 +463,16 @@ def test_default_config_for_odd_hidden_beyond_4m(dtype):
 
 
 def test_odd_fp32_rows_past_the_welford_run_cap_get_a_clear_error():
-    # fp32 Welford runs stop at 2048 elements per thread (accuracy): an odd row has no cluster
-    # split, so one block of 1024 threads covers at most 2,097,152 elements.
-    assert check(default_config(Problem((1 << 21) - 1, "float32")),
-                 Problem((1 << 21) - 1, "float32")) == []
-    with pytest.raises(ConfigError, match=r"at most 2,048 elements per thread.*2,097,152"):
-        default_config(Problem((1 << 22) + 1, "float32"))
+    # fp32 Welford runs stop at 2048 elements per thread (accuracy). An odd row splits over a
+    # cluster unevenly, of 512-thread blocks (1024 spill on skewed rows): 8 x 512 x 2048 =
+    # 8,388,608 elements at most.
+    for hidden in ((1 << 21) - 1, (1 << 22) + 1, (1 << 23) - 1):
+        config = default_config(Problem(hidden, "float32"))
+        assert check(config, Problem(hidden, "float32")) == [], hidden
+    assert config.cluster == 8 and derive_plan(config, Problem(hidden, "float32")).shape.ragged
+    with pytest.raises(ConfigError, match=r"at most 2,048 elements per thread.*8,388,609 "
+                                          r"elements a cluster of 8 blocks holds too few"):
+        default_config(Problem((1 << 23) + 1, "float32"))
 
 
 def test_default_config_deterministic_and_prefers_a_cache():

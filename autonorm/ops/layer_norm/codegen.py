@@ -146,6 +146,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "C": config.cluster,
         "ITERS": shape.iters,
         "EVEN": shape.even,
+        "RAGGED": shape.ragged,
         "SKEW": shape.skewed,
         "PERIOD": shape.period,
         "NWARP_G": max(shape.threads_per_row // 32, 1),

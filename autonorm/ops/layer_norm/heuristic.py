@@ -16,6 +16,9 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   blocks, one stage, while rows x cluster fits the SMs (:func:`latency_configs`). At hidden
   16384 (32-64 KB rows) these won rows 1 in every dtype (x1.017-1.170 over the best
   unclustered kernels) and rows 8 in fp16 and fp32; shorter rows gain nothing from the split.
+  Where the bulk kernel cannot split the row (its vectors do not divide over the cluster, or
+  it is skewed), the row kernel's cluster of 8 splits it unevenly
+  (:func:`ragged_latency_configs`): 1.4-1.9x the one-block pick at 1 and 8 rows.
 - **The bulk-copy kernel** for rows of 16 KB or more (16-bit 8192, fp32 4096 and up: below,
   every shipped winner is a row kernel; at 16-32 KB the bulk kernel ran x1.016-1.025 of the
   row kernel) where the rows pay for its fixed cost (3.0-3.9 us a launch against a copy's
@@ -63,6 +66,7 @@ row kernel.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -161,6 +165,32 @@ def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) ->
     return configs
 
 
+def ragged_latency_configs(
+    problem: Problem, rows: int, device: DeviceLimits = H200
+) -> list[KernelConfig]:
+    """Each row over a cluster of 8 row-kernel blocks, where the bulk kernel's split is refused.
+
+    The bulk kernel's clusters take rows of whole vectors only (:func:`latency_configs`); the
+    row kernel's split any row, the last block taking the rest of it. One run on an H100
+    (CUDA-graph replay, 1 and 8 rows, no database), against the one-block pick before it:
+    fp32 26531 9.6 -> 5.8 us (torch.compile 5.9), 27656 6.1 -> 5.2 (4.7), 40001 12.0 -> 6.5
+    (5.7); bf16 26531 6.3 -> 4.2 (6.0), 27656 4.8 -> 3.4 (4.7); at 8 rows fp32 x1.04-1.12 of
+    torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
+    256 for rows on the grid (512 ran x0.87 at bf16 27656); shared memory where the registers
+    do not hold the run. None before Hopper, nor where rows x 8 outnumber the SMs.
+    """
+    cluster = CLUSTERS[-1]
+    if device.cc < 90 or rows * cluster > device.sm_count:
+        return []
+    threads = 512 if problem.hidden % problem.max_vec else 256
+    configs = []
+    for cache in ("registers", "smem"):
+        cfg = KernelConfig(threads, problem.max_vec, 1, cache, "two_pass", cluster, 0)
+        if not check(cfg, problem, device):
+            configs.append(cfg)
+    return configs
+
+
 def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelConfig:
     """Return a sound row-kernel configuration for any hidden size, without tuning.
 
@@ -190,9 +220,10 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
             if not check(cfg, problem, device):
                 return _capped(cfg, problem, device)
     # Rows past one block's shared memory: split across a cluster (Hopper) and keep the two-pass
-    # statistics (Welford without a cache re-reads x from global memory to normalize).
-    for cluster in CLUSTERS[1:]:
-        cfg = KernelConfig(1024, vec, 1, "smem", "two_pass", cluster, 0)
+    # statistics (Welford without a cache re-reads x from global memory to normalize); skewed
+    # rows at 512 threads, where 1024 spill.
+    for cluster, threads in itertools.product(CLUSTERS[1:], (1024, 512)):
+        cfg = KernelConfig(threads, vec, 1, "smem", "two_pass", cluster, 0)
         if not check(cfg, problem, device):
             return cfg
     if problem.residual:
@@ -225,11 +256,12 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
             f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can "
             f"run it on {device.name}: {'; '.join(check(cfg, problem, device))}")
     cap = welford_run_cap(problem)
+    reach = (f"a cluster of {max(CLUSTERS)} blocks holds too few threads" if device.cc >= 90
+             else "that needs a thread-block cluster (compute capability 9.0 or newer)")
     raise ConfigError(
         f"unsupported hidden size {problem.hidden} ({problem.dtype}): no configuration can run it "
         f"on {device.name}: a {problem.dtype} Welford run is at most {cap:,} elements per "
-        f"thread, so rows over {1024 * cap:,} elements need a thread-block cluster, which needs "
-        f"the hidden size to be a multiple of the cluster size times the vector width"
+        f"thread, and for a row of {problem.hidden:,} elements {reach}"
     )
 
 
@@ -278,6 +310,7 @@ def _hopper_candidates(
     row_bytes = problem.hidden * problem.itemsize
     if row_bytes >= LATENCY_MIN_ROW_BYTES:
         yield from latency_configs(problem, bucket, device)
+        yield from ragged_latency_configs(problem, bucket, device)
     if _bulk_pays(problem, device, bucket):
         yield from _bulk_configs(problem, device, bucket)
 

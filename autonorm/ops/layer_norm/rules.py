@@ -245,8 +245,13 @@ def _common_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
             reasons.append("thread-block clusters need compute capability 9.0 or newer")
         if config.rows_per_block != 1:
             reasons.append("a cluster splits one row: rows_per_block must be 1")
-        if problem.hidden % (config.cluster * config.vec):
-            reasons.append("cluster x vec must divide hidden so every block gets whole vectors")
+        if plan.bulk and problem.hidden % (config.cluster * config.vec):
+            reasons.append("the bulk-copy kernel's cluster needs cluster x vec to divide hidden "
+                           "(equal segments of whole vectors)")
+        elif shape.ragged and (config.cluster - 1) * shape.vectors >= -(-problem.hidden
+                                                                         // config.vec):
+            reasons.append(f"a cluster of {config.cluster} leaves its last block no vectors of "
+                           f"a row of {problem.hidden} (runs of {shape.vectors} vectors)")
     # RMSNorm reads its row twice (sum of squares, then scale), not three times, and sums no
     # differences: the two-pass rules below are LayerNorm's.
     layer = problem.norm == "layer"

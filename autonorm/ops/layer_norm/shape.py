@@ -23,13 +23,16 @@ SCRATCH_SMEM = 2 * 32 * 4 * 4 + 2 * 4 * 4
 class Shape:
     """Derived per-thread work of a configuration on a problem (what the template unrolls)."""
 
-    segment: int  # elements of a row that one block handles (hidden / cluster)
+    segment: int  # elements of a row that one block handles (hidden / cluster), or its stride
     threads_per_row: int
     iters: int  # vector accesses per thread per row
     cache_regs: int  # 32-bit registers a thread spends on a register row cache
     smem_cache_bytes: int  # bytes of shared memory for a shared-memory row cache
     vec: int  # elements per vector access
     head: int = 0  # the furthest a row starts into an aligned vector (0: rows on the grid)
+    # The row kernel's cluster deals a row's aligned vectors out in runs of `segment / vec`:
+    # ragged when the last block's run is shorter, or when rows are skewed.
+    ragged: bool = False
 
     @property
     def skewed(self) -> bool:
@@ -44,26 +47,39 @@ class Shape:
     @property
     def even(self) -> bool:
         """True when the vectors tile the segment exactly (no tail guard needed)."""
-        return not self.skewed and self.segment == self.iters * self.threads_per_row * self.vec
+        return (not self.skewed and not self.ragged
+                and self.segment == self.iters * self.threads_per_row * self.vec)
 
     @property
     def vectors(self) -> int:
         """Vectors of a segment: the most a row spans.
 
         The last one is partial when ``vec`` does not divide the segment. A skewed row starts
-        up to ``head`` elements into its first aligned vector, so it may span one more.
+        up to ``head`` elements into its first aligned vector, so it may span one more. A
+        ragged segment is a run of whole aligned vectors already.
         """
+        if self.ragged:
+            return self.segment // self.vec
         return span_vectors(self.segment, self.head, self.vec)
 
 
 def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     """Compute the per-thread work of ``config`` on ``problem`` (no validity checks)."""
-    segment = problem.hidden // max(config.cluster, 1)
+    cluster = max(config.cluster, 1)
+    segment = problem.hidden // cluster
     tpr = max(config.threads // max(config.rows_per_block, 1), 1)
     # Rows whose length is not a multiple of the vector start at varying offsets into the
     # aligned vector grid: each row covers its span of aligned vectors, partial at both ends.
     head = skew_max(problem.hidden, config.vec)
     vectors = span_vectors(segment, head, config.vec)
+    ragged = False
+    if cluster > 1 and config.cache != "bulk" and (head or problem.hidden % (cluster * config.vec)):
+        # The row kernel splits any row: block r of a cluster takes the row's aligned vectors
+        # r * run .. (r + 1) * run - 1, the last block fewer. (The bulk kernel's copies need
+        # equal segments at offsets that stay put from row to row: rules_bulk.)
+        vectors = math.ceil(span_vectors(problem.hidden, head, config.vec) / cluster)
+        segment = vectors * config.vec
+        ragged = True
     iters = math.ceil(vectors / tpr)
     # A row cache holds h with the residual add: float32 beside 16-bit x with a wide residual.
     # The bulk kernel's stages hold x (the residual's are sized by the plan).
@@ -72,7 +88,7 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     cache_regs = iters * math.ceil(vec_bytes / 4)
     row_elements = vectors * config.vec if head else segment
     smem = config.rows_per_block * row_elements * itemsize
-    return Shape(segment, tpr, iters, cache_regs, smem, config.vec, head)
+    return Shape(segment, tpr, iters, cache_regs, smem, config.vec, head, ragged)
 
 
 def span_vectors(segment: int, head: int, vec: int) -> int:

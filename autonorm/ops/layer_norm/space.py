@@ -103,7 +103,9 @@ def _branch_refused(
         return True
     if not layer and stats != "two_pass":
         return True
-    if cluster > 1 and (not clusters_ok or rows != 1 or problem.hidden % (cluster * vec)):
+    if cluster > 1 and (not clusters_ok or rows != 1):
+        return True
+    if cluster > 1 and cache == "bulk" and problem.hidden % (cluster * vec):
         return True
     if cache == "none" and ((layer and stats == "two_pass") or problem.residual):
         return True
