@@ -134,20 +134,21 @@ def test_the_in_place_residual_add_gives_the_functional_bits(compiled, dtype: st
             assert bool((ri.view(cupy.uint8) == h.view(cupy.uint8)).all()), config.label()
 
 
-# Rows past every row cache: the default reads x again to normalize (cache "none"), where the
-# rule used to give up though the space holds such kernels. fp32 holds the offset rows to 1e-6.
-LONG_ROWS = ((65535, "float32"), (262145, "float32"), (131071, "bfloat16"),
-             (1048576, "float16"))
+# Rows past one block's row cache: the default splits them over a cluster that holds the row in
+# shared memory (odd rows unevenly, blocks of 512 threads) where the row fits the cluster's, else
+# reads x again to normalize (cache "none"). fp32 holds the offset rows to 1e-6.
+LONG_ROWS = ((65535, "float32", "smem"), (262145, "float32", "smem"),
+             (131071, "bfloat16", "smem"), (1048576, "float16", "none"))
 
 
-@pytest.mark.parametrize(("hidden", "dtype"), LONG_ROWS)
-def test_rows_past_every_cache_take_an_uncached_default_that_verifies(compiled, hidden: int,  # noqa: F811
-                                                                      dtype: str) -> None:
+@pytest.mark.parametrize(("hidden", "dtype", "cache"), LONG_ROWS)
+def test_rows_past_one_blocks_cache_take_a_default_that_verifies(compiled, hidden: int,  # noqa: F811
+                                                                  dtype: str, cache: str) -> None:
     work = []
     for has_weight, woff in FORMS:
         problem = Problem(hidden, dtype, has_weight, woff)
         config = FAMILY.default(problem, compiled.limits, 64)
-        assert config.cache == "none", config.label()
+        assert config.cache == cache and (config.cluster > 1) == (cache == "smem"), config.label()
         work.append((problem, FAMILY.render(config, problem, compiled.limits)))
     verify_all(compiled, work)
     if dtype == "float32":
