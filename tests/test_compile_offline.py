@@ -42,7 +42,7 @@ requires_nvcc = pytest.mark.skipif(
 )
 
 SWEEP_HIDDEN = (768, 1000, 4096, 4099, 16384, 65536)
-PER_HIDDEN = 32  # enough to reach each of the 25 code variants at every hidden size
+PER_HIDDEN = 32  # configurations a hidden size, at least one of each of its code variants
 SEED = 1129
 MIN_KERNELS = 50
 AFFINE = ((True, False), (False, True), (False, False))
@@ -61,7 +61,8 @@ def code_label(cfg: KernelConfig) -> str:
 
 
 def sample_configs(problem: Problem, n: int, rng: random.Random) -> list[KernelConfig]:
-    """``n`` valid configurations, spread over the code variants (see :func:`variant`).
+    """``n`` valid configurations, spread over the code variants (see :func:`variant`), and
+    more where the problem has more variants than ``n``: one of each.
 
     Configurations with the same code (see :func:`code_label`) count once.
     """
@@ -75,6 +76,7 @@ def sample_configs(problem: Problem, n: int, rng: random.Random) -> list[KernelC
     for members in groups.values():
         rng.shuffle(members)
     keys = sorted(groups)
+    n = max(n, len(keys))
     picked: list[KernelConfig] = []
     while len(picked) < n and any(groups.values()):
         for key in keys:
@@ -193,16 +195,18 @@ def test_sweep_includes_defaults_and_every_variant():
         # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster: 16,
         # each with and without keep_x, except the 7 clustered fwd kernels (plain only); and
         # the 5 unclustered, unprefetched fwd kernels and the unclustered bulk kernel reading
-        # skewed rows, in both forms
+        # skewed rows, in both forms, and the 5 fwd kernels split over a cluster unevenly
+        # (plain only)
+        row_forms = (("registers", "two_pass"), ("registers", "welford"), ("smem", "two_pass"),
+                     ("smem", "welford"), ("none", "welford"))
         skewed = {v for v in variants if v[5]}
         assert skewed == {
             (cache, stats, False, False, keep, True)
-            for cache, stats in (("registers", "two_pass"), ("registers", "welford"),
-                                 ("smem", "two_pass"), ("smem", "welford"), ("none", "welford"),
-                                 ("bulk", "two_pass"))
+            for cache, stats in (*row_forms, ("bulk", "two_pass"))
             for keep in (False, True)
-        }, sorted(skewed)
-        assert len(variants) == 37, sorted(variants)
+        } | {(cache, stats, True, False, False, True) for cache, stats in row_forms}, sorted(
+            skewed)
+        assert len(variants) == 42, sorted(variants)
         assert not {v for v in variants if v[0] != "bulk" and v[2] and v[4]}
         assert {v for v in variants if v[0] == "bulk"} == {
             ("bulk", "two_pass", cluster, False, keep, skew)
