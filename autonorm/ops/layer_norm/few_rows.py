@@ -6,7 +6,9 @@ a row at two vectors a thread, so that weight and bias load beside x by themselv
 (``plan.early_affine``), or at three with those loads asked for where the row is three powers
 of two of vectors; at 8-32 KB at 256 threads with those loads asked for
 (``KernelConfig.early``), or at 512. :mod:`.heuristic`'s default takes it before its other
-branches (docs/kernels.md, few rows).
+branches (docs/kernels.md, few rows). Rows of 32 KB and more split over a cluster instead, one
+row to a cluster: :func:`latency_configs` (the bulk kernel's equal segments) and
+:func:`ragged_latency_configs` (the row kernel's runs, for rows the bulk kernel cannot split).
 
 Pure arithmetic and :func:`autonorm.ops.layer_norm.rules.check`: no GPU, no database.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autonorm.ops.layer_norm.config import VECS, KernelConfig
+from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
 from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
@@ -185,3 +187,50 @@ def _early_words(problem: Problem, elements: int) -> int:
     """32-bit registers a thread holds with early loads: its x (or h), residual and affine."""
     streams = 1 + int(problem.residual) + int(problem.has_weight) + int(problem.has_bias)
     return streams * elements * problem.itemsize // 4
+
+
+def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) -> list[KernelConfig]:
+    """Each row split over a cluster of 8 (then 4) blocks of 128 threads, one stage each.
+
+    With fewer rows than SMs most SMs idle, and a row's time is one block's chain of load,
+    reduce and store; split over 8 blocks of 128 threads (one stage: the row's slice loaded once
+    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200):
+    rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the winners tuned without them; rows 8
+    x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so they stop where the
+    blocks would outnumber the SMs (docs/tuning.md). Valid ones only; none before Hopper.
+    """
+    if device.cc < 90:
+        return []
+    vec = 16 // problem.itemsize
+    configs = []
+    for cluster in (8, 4):
+        cfg = KernelConfig(128, vec, 1, "bulk", "two_pass", cluster, 0, 1)
+        if rows * cluster <= device.sm_count and not check(cfg, problem, device):
+            configs.append(cfg)
+    return configs
+
+
+def ragged_latency_configs(
+    problem: Problem, rows: int, device: DeviceLimits = H200
+) -> list[KernelConfig]:
+    """Each row over a cluster of 8 row-kernel blocks, where the bulk kernel's split is refused.
+
+    The bulk kernel's clusters take rows of whole vectors only (:func:`latency_configs`); the
+    row kernel's split any row, the last block taking the rest of it. One run on an H100
+    (CUDA-graph replay, 1 and 8 rows, no database), against the one-block pick before it:
+    fp32 26531 9.6 -> 5.8 us (torch.compile 5.9), 27656 6.1 -> 5.2 (4.7), 40001 12.0 -> 6.5
+    (5.7); bf16 26531 6.3 -> 4.2 (6.0), 27656 4.8 -> 3.4 (4.7); at 8 rows fp32 x1.04-1.12 of
+    torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
+    256 for rows on the grid (512 ran x0.87 at bf16 27656); shared memory where the registers
+    do not hold the run. None before Hopper, nor where rows x 8 outnumber the SMs.
+    """
+    cluster = CLUSTERS[-1]
+    if device.cc < 90 or rows * cluster > device.sm_count:
+        return []
+    threads = 512 if problem.hidden % problem.max_vec else 256
+    configs = []
+    for cache in ("registers", "smem"):
+        cfg = KernelConfig(threads, problem.max_vec, 1, cache, "two_pass", cluster, 0)
+        if not check(cfg, problem, device):
+            configs.append(cfg)
+    return configs

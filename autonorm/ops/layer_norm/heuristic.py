@@ -13,12 +13,12 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   which regime a launch is in, and it is the base the CLI fills unset fields from; older GPUs
   have no bulk-copy engine and no clusters.
 - **A few rows of 32 KB or more**: one row split over a cluster of 8 (then 4) 128-thread
-  blocks, one stage, while rows x cluster fits the SMs (:func:`latency_configs`). At hidden
-  16384 (32-64 KB rows) these won rows 1 in every dtype (x1.017-1.170 over the best
+  blocks, one stage, while rows x cluster fits the SMs (:func:`.few_rows.latency_configs`).
+  At hidden 16384 (32-64 KB rows) these won rows 1 in every dtype (x1.017-1.170 over the best
   unclustered kernels) and rows 8 in fp16 and fp32; shorter rows gain nothing from the split.
   Where the bulk kernel cannot split the row (its vectors do not divide over the cluster, or
   it is skewed), the row kernel's cluster of 8 splits it unevenly
-  (:func:`ragged_latency_configs`): 1.4-1.9x the one-block pick at 1 and 8 rows.
+  (:func:`.few_rows.ragged_latency_configs`): 1.4-1.9x the one-block pick at 1 and 8 rows.
 - **The bulk-copy kernel** for rows of 16 KB or more (16-bit 8192, fp32 4096 and up: below,
   every shipped winner is a row kernel; at 16-32 KB the bulk kernel ran x1.016-1.025 of the
   row kernel) where the rows pay for its fixed cost (3.0-3.9 us a launch against a copy's
@@ -73,7 +73,11 @@ from collections.abc import Iterator
 from autonorm.errors import ConfigError
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
-from autonorm.ops.layer_norm.few_rows import few_rows_config
+from autonorm.ops.layer_norm.few_rows import (
+    few_rows_config,
+    latency_configs,
+    ragged_latency_configs,
+)
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, welford_run_cap
 from autonorm.ops.layer_norm.shape import skew_max, span_vectors
@@ -144,53 +148,6 @@ def default_config(
     return _row_kernel(problem, device, bucket, few)
 
 
-def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) -> list[KernelConfig]:
-    """Each row split over a cluster of 8 (then 4) blocks of 128 threads, one stage each.
-
-    With fewer rows than SMs most SMs idle, and a row's time is one block's chain of load,
-    reduce and store; split over 8 blocks of 128 threads (one stage: the row's slice loaded once
-    by the bulk engine) each chain is an eighth as long. Head to head at hidden 16384 (H200):
-    rows 1 x1.017 (bf16), x1.063 (fp16), x1.170 (fp32) of the winners tuned without them; rows 8
-    x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so they stop where the
-    blocks would outnumber the SMs (docs/tuning.md). Valid ones only; none before Hopper.
-    """
-    if device.cc < 90:
-        return []
-    vec = 16 // problem.itemsize
-    configs = []
-    for cluster in (8, 4):
-        cfg = KernelConfig(128, vec, 1, "bulk", "two_pass", cluster, 0, 1)
-        if rows * cluster <= device.sm_count and not check(cfg, problem, device):
-            configs.append(cfg)
-    return configs
-
-
-def ragged_latency_configs(
-    problem: Problem, rows: int, device: DeviceLimits = H200
-) -> list[KernelConfig]:
-    """Each row over a cluster of 8 row-kernel blocks, where the bulk kernel's split is refused.
-
-    The bulk kernel's clusters take rows of whole vectors only (:func:`latency_configs`); the
-    row kernel's split any row, the last block taking the rest of it. One run on an H100
-    (CUDA-graph replay, 1 and 8 rows, no database), against the one-block pick before it:
-    fp32 26531 9.6 -> 5.8 us (torch.compile 5.9), 27656 6.1 -> 5.2 (4.7), 40001 12.0 -> 6.5
-    (5.7); bf16 26531 6.3 -> 4.2 (6.0), 27656 4.8 -> 3.4 (4.7); at 8 rows fp32 x1.04-1.12 of
-    torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
-    256 for rows on the grid (512 ran x0.87 at bf16 27656); shared memory where the registers
-    do not hold the run. None before Hopper, nor where rows x 8 outnumber the SMs.
-    """
-    cluster = CLUSTERS[-1]
-    if device.cc < 90 or rows * cluster > device.sm_count:
-        return []
-    threads = 512 if problem.hidden % problem.max_vec else 256
-    configs = []
-    for cache in ("registers", "smem"):
-        cfg = KernelConfig(threads, problem.max_vec, 1, cache, "two_pass", cluster, 0)
-        if not check(cfg, problem, device):
-            configs.append(cfg)
-    return configs
-
-
 def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelConfig:
     """Return a sound row-kernel configuration for any hidden size, without tuning.
 
@@ -213,8 +170,8 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
         if not check(cfg, problem, device):
             return _capped(cfg, problem, device)
     if problem.hidden % vec and threads > 512:
-        # Skewed rows spill at 1024 threads (rules_registers) and take no cluster: the same
-        # row over 512 threads before an uncached Welford, which reads x twice.
+        # Skewed rows spill at 1024 threads (rules_registers): the same row over 512 threads,
+        # before a cluster's split.
         for cache in ("registers", "smem"):
             cfg = KernelConfig(512, vec, 1, cache, "two_pass", 1, 0)
             if not check(cfg, problem, device):

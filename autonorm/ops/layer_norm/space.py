@@ -29,7 +29,8 @@ from autonorm.ops.layer_norm.config import (
     KernelConfig,
     takes_early,
 )
-from autonorm.ops.layer_norm.heuristic import default_config, latency_configs, row_kernel_default
+from autonorm.ops.layer_norm.few_rows import latency_configs
+from autonorm.ops.layer_norm.heuristic import default_config, row_kernel_default
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
 from autonorm.runtime.limits import H200, DeviceLimits
@@ -172,7 +173,7 @@ def latency_seed_configs(
 ) -> list[KernelConfig]:
     """Starting points for a few rows: each row split over a cluster of 8 (then 4) small blocks.
 
-    The shapes of :func:`autonorm.ops.layer_norm.heuristic.latency_configs`, for any row length
+    The shapes of :func:`autonorm.ops.layer_norm.few_rows.latency_configs`, for any row length
     (the default takes them for rows of 32 KB or more only). The bucket searches (22 trials in
     a space of thousands) never sampled them (docs/tuning.md).
 
