@@ -170,6 +170,32 @@ def test_only_the_row_kernel_splits_rows_a_cluster_does_not_divide():
                     "bulk-copy kernel's cluster needs cluster x vec to divide hidden")
 
 
+def test_ragged_runs_cover_every_row_and_leave_no_block_empty():
+    # For every hidden size a few past each vector width and cluster, wherever check admits a
+    # ragged split: the cluster's runs span the longest row any offset gives, and the last
+    # block of the shortest row still holds a vector of it.
+    rng = np.random.default_rng(0)
+    hidden_sizes = sorted({*range(1, 40), *rng.integers(40, 70000, 60).tolist(), 27656})
+    seen = 0
+    for hidden in hidden_sizes:
+        for dtype, vec, cluster in ((d, v, c) for d in DTYPES for v in (1, 2, 4, 8)
+                                    for c in CLUSTERS[1:]):
+            problem = Problem(int(hidden), dtype)
+            config = KernelConfig(32, vec, 1, "smem", "two_pass", cluster, 0)
+            if vec * problem.itemsize > 16 or check(config, problem):
+                continue
+            shape = derive_shape(config, problem)
+            longest = -(-(hidden + shape.head) // vec)  # aligned vectors a row spans at most
+            if not shape.ragged:
+                assert hidden % (cluster * vec) == 0 and shape.segment * cluster == hidden
+                continue
+            seen += 1
+            assert shape.segment == shape.vectors * vec
+            assert cluster * shape.vectors >= longest, (hidden, dtype, vec, cluster)
+            assert (cluster - 1) * shape.vectors < -(-hidden // vec), (hidden, dtype, vec, cluster)
+    assert seen > 100
+
+
 def test_cluster_needs_hopper():
     problem = Problem(16384, "bfloat16")
     cfg = KernelConfig(threads=256, vec=8, cache="smem", stats="welford", cluster=2)
