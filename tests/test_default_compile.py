@@ -73,8 +73,9 @@ def test_the_defaults_cover_the_new_shapes(defaults):
     labels = {config.label() for _, config, _ in defaults}
     for label in ("t64v4r1-registers-two_pass-c1-p0-e", "t128v4r2-registers-two_pass-c1-p0-e",
                   "t256v4r2-registers-two_pass-c1-p0-e", "t512v4r1-registers-two_pass-c1-p0-e",
-                  "t128v8r1-bulk-two_pass-c1-p0-s1-k", "t512v4r1-none-two_pass-c1-p0",
-                  "t512v8r1-smem-two_pass-c2-p0", "t512v4r1-smem-two_pass-c8-p0"):
+                  "t128v8r1-bulk-two_pass-c1-p0-s1-k", "t1024v4r1-none-two_pass-c1-p0",
+                  "t1024v8r1-none-two_pass-c1-p0", "t512v8r1-smem-two_pass-c2-p0",
+                  "t512v4r1-smem-two_pass-c8-p0"):
         assert label in labels
     assert len(defaults) > 150
 

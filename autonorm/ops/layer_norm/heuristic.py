@@ -179,8 +179,8 @@ def row_kernel_default(problem: Problem, device: DeviceLimits = H200) -> KernelC
     # Rows past one block's shared memory: split across a cluster (Hopper) and keep the two-pass
     # statistics (Welford without a cache re-reads x from global memory to normalize); skewed
     # rows at 512 threads, where 1024 spill.
-    for cluster, threads in itertools.product(CLUSTERS[1:], (1024, 512)):
-        cfg = KernelConfig(threads, vec, 1, "smem", "two_pass", cluster, 0)
+    for cluster, width in itertools.product(CLUSTERS[1:], (1024, 512)):
+        cfg = KernelConfig(width, vec, 1, "smem", "two_pass", cluster, 0)
         if not check(cfg, problem, device):
             return cfg
     if problem.residual:
