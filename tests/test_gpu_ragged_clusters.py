@@ -41,23 +41,27 @@ RMS = registry.get("rms_norm")
 SKEWED = (1001, 4099, 26531)
 UNEVEN = (1096, 27656)
 
-# One broken ragged kernel per piece of its bookkeeping: (text, replacement).
+# One broken ragged kernel per piece of its bookkeeping: (text, replacement), and the kernel it
+# breaks: skewed rows (4099: registers, 128 threads, a cluster of 4) or rows on the grid that
+# the cluster does not divide (27656: shared memory, 256 threads, a cluster of 8).
+SKEWED_KERNEL = (4099, 128, "registers", 4)  # hidden, threads, cache, cluster
+UNEVEN_KERNEL = (27656, 256, "smem", 8)
 BREAKS = {
     # the blocks count a skewed row's vectors as if it started on the grid, so the last block
     # drops the vector the skew adds (the one holding the row's last elements, for some rows)
     "span-unskewed": ("const int nvr = min(NVEC, nv - crank * NVEC);",
-                      "const int nvr = min(NVEC, (N + V - 1) / V - crank * NVEC);"),
+                      "const int nvr = min(NVEC, (N + V - 1) / V - crank * NVEC);",
+                      SKEWED_KERNEL),
     # each block indexes the row's elements as if its run were the first
-    "offset-of-the-first-block": ("const int hl = h - crank * SEG;", "const int hl = h;"),
+    "offset-of-the-first-block": ("const int hl = h - crank * SEG;", "const int hl = h;",
+                                  SKEWED_KERNEL),
     # each block takes the first block's weights
     "weights-of-the-first-block": ("load_shifted(wseg, j + crank * NVEC, h)",
-                                   "load_shifted(wseg, j, h)"),
-}
-UNEVEN_BREAKS = {
+                                   "load_shifted(wseg, j, h)", SKEWED_KERNEL),
+    # the last block of a row on the grid takes a whole run: past the row's end
     "last-run-whole": ("const int nvr = min(NVEC, N / V - crank * NVEC);",
-                       "const int nvr = NVEC;"),
+                       "const int nvr = NVEC;", UNEVEN_KERNEL),
 }
-
 
 def ragged_configs(family, problem, limits) -> list[KernelConfig]:  # noqa: ANN001
     """A ragged cluster configuration of ``problem`` for each cache, statistic and cluster size
@@ -139,21 +143,10 @@ def test_the_in_place_residual_add_gives_the_functional_bits_in_ragged_clusters(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", sorted(BREAKS))
-def test_a_broken_skewed_ragged_kernel_is_rejected(compiled, dtype: str, name: str) -> None:  # noqa: F811
-    old, new = BREAKS[name]
-    problem = LAYER.problem(hidden=4099, dtype=dtype)
-    config = KernelConfig(128, problem.max_vec, 1, "registers", "two_pass", 4, 0)
-    assert not check(config, problem, compiled.limits), config.label()
-    rendered = LAYER.render(config, problem, compiled.limits)
-    assert_break_rejected(compiled, problem, rendered, old, new, name)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", sorted(UNEVEN_BREAKS))
-def test_a_broken_uneven_cluster_kernel_is_rejected(compiled, dtype: str, name: str) -> None:  # noqa: F811
-    old, new = UNEVEN_BREAKS[name]
-    problem = LAYER.problem(hidden=27656, dtype=dtype)
-    config = KernelConfig(256, problem.max_vec, 1, "smem", "two_pass", 8, 0)
+def test_a_broken_ragged_kernel_is_rejected(compiled, dtype: str, name: str) -> None:  # noqa: F811
+    old, new, (hidden, threads, cache, cluster) = BREAKS[name]
+    problem = LAYER.problem(hidden=hidden, dtype=dtype)
+    config = KernelConfig(threads, problem.max_vec, 1, cache, "two_pass", cluster, 0)
     assert not check(config, problem, compiled.limits), config.label()
     rendered = LAYER.render(config, problem, compiled.limits)
     assert_break_rejected(compiled, problem, rendered, old, new, name)
