@@ -21,7 +21,7 @@ BASH = shutil.which("bash") or "/bin/bash"
 
 SCRIPTS = ("peers.py", "explore.py", "backward.py", "launch_overhead.py", "offset_errors.py",
            "triton_tutorial_ln.py", "untuned.py", "skew_weights.py", "template_ab.py",
-           "gpu_tests.py", "default_spills.py")
+           "gpu_tests.py", "default_spills.py", "forced.py")
 
 # Runs a script's --help with the GPU stack unimportable: --help must need none of it.
 HELP_WITHOUT_GPU_STACK = """
@@ -128,3 +128,34 @@ def test_the_readme_lists_every_tool():
     assert len(tools) >= 14
     for name in [*tools, "gpu_checks.sh"]:
         assert f"`{name}`" in table, name
+
+
+def test_forced_plans_its_candidates_and_refuses_bad_input(capsys: pytest.CaptureFixture) -> None:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import forced
+
+    assert forced.main(["--dtypes", "fp32", "--hidden", "490", "--threads", "128", "--plan"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    labels = [line.strip() for line in listed[1:]]
+    # fp32 490 at 128 threads: vectors of 1, 2 and 4 elements (4 reads skewed rows), both
+    # statistics; the early loads only where a thread holds two vectors or fewer.
+    assert listed[0] == f"layer_norm float32 490: {len(labels)} candidates, rows [1, 64, 256]"
+    assert "t128v2r1-registers-two_pass-c1-p0" in labels
+    assert "t128v4r1-registers-welford-c1-p0" in labels
+    assert "t128v1r1-registers-two_pass-c1-p0-e" in labels
+    assert not any(label.startswith("t128v8") for label in labels)  # past fp32's 16 bytes
+    assert all(label.startswith("t128v") and "-registers-" in label for label in labels)
+    chosen = "t256v4r1-registers-two_pass-c8-p0,t512v4r1-registers-two_pass-c8-p0"
+    assert forced.main(["--hidden", "27656", "--configs", chosen, "--plan"]) == 0
+    assert capsys.readouterr().out.split("\n")[1:3] == [
+        "  t256v4r1-registers-two_pass-c8-p0", "  t512v4r1-registers-two_pass-c8-p0"]
+    with pytest.raises(SystemExit, match="--configs: not a kernel label: 'bogus'"):
+        forced.main(["--hidden", "490", "--configs", "bogus", "--plan"])
+    for argv, message in ((["--hidden", "x"], "take comma-separated values"),
+                          (["--hidden", "490", "--rows", "0"], "need positive integers"),
+                          (["--hidden", "490", "--dtypes", "fp8"], "take comma-separated values"),
+                          (["--hidden", "490", "--rounds", "0"], "--rounds must be at least 1")):
+        with pytest.raises(SystemExit):
+            forced.parse_args(argv)
+        assert message in capsys.readouterr().err
