@@ -41,7 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
         epilog=(
             "examples:\n"
-            "  python benchmarks/untuned.py --json out/untuned.json  everything (~8 min, H200)\n"
+            "  python benchmarks/untuned.py --json out/untuned.json --budget-s 0\n"
+            "      everything (H200: 6.5 min of tuning, then about 2.5 for the shapes of 2^26\n"
+            "      elements and one row, and more for 64 and 256 rows)\n"
+            "  python benchmarks/untuned.py --tune-only --tuned-db tuned.db, then\n"
+            "  python benchmarks/untuned.py --tuned-db tuned.db --json out/untuned.json\n"
+            "      the same in two commands (each under --budget-s, 540 s by default)\n"
             "  python benchmarks/untuned.py --count 3 --dtypes bf16 --small-rows 1\n"
             "  python benchmarks/untuned.py --modes shipped,no-shipped   no tuning phase\n"
             "  python benchmarks/untuned.py --plan                   the shapes, without a GPU"
