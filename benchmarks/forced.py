@@ -169,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         dispatch.clear_cache()
         clear_kernel_cache()
 
+    def poisoned(xin):  # noqa: ANN001, ANN202
+        # The output's block comes back from the caching allocator: fill it with NaN first, so
+        # a kernel that writes nothing shows, not the last kernel's output.
+        poison = torch.full_like(xin, float("nan"))
+        del poison
+        return ours(xin, w, b)
+
     for dtype, hidden in itertools.product(args.dtypes, args.hidden):
         problem = problem_of(args.op, hidden, dtype)
         family = family_of(problem)
@@ -197,22 +204,25 @@ def main(argv: list[str] | None = None) -> int:
             failed: set[str] = set()
             for round_ in range(args.rounds):
                 use(None)
+                ours(x, w, b)
                 times["default"].append(graph_ms(functools.partial(ours, x, w, b))[0] * 1e3)
                 times["compile"].append(graph_ms(functools.partial(compiled, x, w, b))[0] * 1e3)
                 for config in order:
                     label = config.label()
                     use(config)
-                    y = ours(x, w, b)
                     if round_ == 0:
-                        err = float((y.double() - ref).norm() / ref.norm())
-                        off = (float((ours(xo, w, b).double() - refo).norm() / refo.norm())
+                        err = float((poisoned(x).double() - ref).norm() / ref.norm())
+                        off = (float((poisoned(xo).double() - refo).norm() / refo.norm())
                                if dtype == "float32" else None)
                         rec["configs"][label] = {"err": err, "offset_err": off}
-                        if max(err, off or 0.0) > TOLERANCES[dtype]["rel_l2"]:
+                        # not <=: a NaN (an unwritten, poisoned output) fails as well
+                        tol = TOLERANCES[dtype]["rel_l2"]
+                        if not (err <= tol and (off is None or off <= tol)):
                             failed.add(label)
                             print(f"  FAILED {label}: error {err:.1e}"
                                   + ("" if off is None else f", offset rows {off:.1e}"))
                     if label not in failed:
+                        ours(x, w, b)  # load the kernel before the graph's capture
                         times.setdefault(label, []).append(
                             graph_ms(functools.partial(ours, x, w, b))[0] * 1e3)
                 order.reverse()
