@@ -41,12 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
         epilog=(
             "examples:\n"
-            "  python benchmarks/untuned.py --json out/untuned.json --budget-s 0\n"
+            "  python benchmarks/untuned.py --json out/untuned.json\n"
             "      everything (H200: 6.5 min of tuning, then about 2.5 for the shapes of 2^26\n"
             "      elements and one row, and more for 64 and 256 rows)\n"
             "  python benchmarks/untuned.py --tune-only --tuned-db tuned.db, then\n"
             "  python benchmarks/untuned.py --tuned-db tuned.db --json out/untuned.json\n"
-            "      the same in two commands (each under --budget-s, 540 s by default)\n"
+            "      the same in two commands, for a machine that limits a command's time\n"
+            "      (with --budget-s 540, say, under a 10-minute limit)\n"
             "  python benchmarks/untuned.py --count 3 --dtypes bf16 --small-rows 1\n"
             "  python benchmarks/untuned.py --modes shipped,no-shipped   no tuning phase\n"
             "  python benchmarks/untuned.py --plan                   the shapes, without a GPU"
@@ -78,9 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "else written after tuning, for a later run")
     p.add_argument("--tune-only", action="store_true",
                    help="tune (into --tuned-db) and exit without measuring")
-    p.add_argument("--budget-s", type=float, default=540.0,
-                   help="after this many seconds the shapes not yet measured are skipped "
-                        "(default 540; 0: no limit)")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="after this many seconds the shapes not yet measured are skipped, "
+                        "for a command under a time limit (default 0: no limit)")
     p.add_argument("--json", type=Path, default=None,
                    help="write every number here (rewritten after each shape)")
     p.add_argument("--liger-wheel", default="auto",
