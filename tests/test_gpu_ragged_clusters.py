@@ -63,6 +63,7 @@ BREAKS = {
                        "const int nvr = NVEC;", UNEVEN_KERNEL),
 }
 
+
 def ragged_configs(family, problem, limits) -> list[KernelConfig]:  # noqa: ANN001
     """A ragged cluster configuration of ``problem`` for each cache, statistic and cluster size
     that ``check`` admits one for: the widest block of 256 threads down to 32."""
