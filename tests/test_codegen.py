@@ -37,6 +37,7 @@ from autonorm.ops.layer_norm.codegen import (
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import (
     bulk_occupancy,
+    derive_plan,
     fills_async,
     fuses_passes,
     holds_fp32_row,
@@ -286,6 +287,41 @@ def test_fused_two_pass_only_where_its_guard_is_uniform():
         # the guard and its second pass exist exactly where the passes are fused
         assert ("if (s1 * mean > 0.9375f * s2)" in src) == fuses_passes(cfg, problem)
         assert ("const float centre = shift + mean;" in src) != fuses_passes(cfg, problem)
+
+
+def test_fp32_fuses_only_the_short_few_row_kernels():
+    """fp32 fuses its sums where a row kernel holds two vectors a thread or fewer in registers
+    with the weights loaded beside x (plan.lean_fp32), without the residual add; its shift is the
+    mean of the row's first 8 elements, its guard 2 bits, its second pass the corrected two-pass.
+    """
+    short = KernelConfig(threads=128, vec=2, cache="registers", stats="two_pass")
+    fp32 = Problem(490, "float32")
+    plan = derive_plan(short, fp32, H200)
+    assert plan.lean_fp32 and plan.shape.iters <= 2 and plan.fused_passes
+    src = render(short, fp32, H200).source
+    assert "for (int k = 0; k < 8; ++k) fshift += to_f(x[row_base + k]);" in src
+    assert "fshift *= 0.125f;" in src
+    assert "const float d = xf - fshift; s1 += d; s2 = fmaf(d, d, s2);" in src
+    assert "if (s1 * mean > 0.75f * s2) {" in src
+    assert "const float centre = fshift + mean;" in src  # the corrected two-pass, past the guard
+    assert "0.9375f" not in src
+    # A row of 5 elements takes the mean of all 5.
+    tiny = render(KernelConfig(threads=32, vec=4, rows_per_block=32, cache="registers",
+                               stats="two_pass"), Problem(5, "float32"), H200).source
+    assert "k < 5; ++k) fshift" in tiny and "fshift *= 0.2f;" in tiny
+    unfused = [
+        (dataclasses.replace(short, early=True, threads=64, vec=4), Problem(2048, "float32")),
+        (dataclasses.replace(short, cache="smem"), fp32),
+        (dataclasses.replace(short, stats="welford"), fp32),
+        (short, Problem(490, "float32", residual=True)),
+        (dataclasses.replace(short, blocks_per_sm=2), fp32),  # a prefetched row: not lean
+    ]
+    for cfg, problem in unfused:
+        assert not derive_plan(cfg, problem, H200).fused_passes, (cfg.label(), problem)
+        assert "fshift" not in render(cfg, problem, H200).source, cfg.label()
+    # 16-bit keeps its own fused form, about the first element.
+    bf16 = render(short, Problem(490, "bfloat16"), H200).source
+    assert "fshift" not in bf16 and "if (s1 * mean > 0.9375f * s2)" in bf16
 
 
 @pytest.mark.parametrize("stats", ["welford", "two_pass"])

@@ -192,6 +192,29 @@ def test_the_uncorrected_fp32_two_pass_fails_the_outlier_case_and_only_it(hidden
     assert failed(result) == {OUTLIER_CASE}, result.failures
 
 
+@pytest.mark.parametrize("hidden", [1, 7, 490, 1000, 4096, 65536])
+def test_fused_fp32_statistics_pass_as_well_as_the_two_pass(hidden):
+    # The few-row kernels' fp32 fused sums about the mean of the row's first 8 elements, the
+    # corrected two-pass past 2 bits (plan.fuses_passes): within 1.5e-7 on the offset rows and
+    # as close as the two-pass on the outlier rows, whose shift takes the second pass.
+    problem = Problem(hidden, "float32")
+    fused = verify(EmulatedKernel(problem, fused=True), problem, xp=np, cases=cases_of(problem))
+    two_pass = run(problem)
+    assert fused.ok, fused.summary()
+    assert fused.errors["offset"].rel_l2 <= 1.5e-7
+    assert fused.errors[OUTLIER_CASE].rel_l2 <= 1.1 * two_pass.errors[OUTLIER_CASE].rel_l2 + 1e-8
+
+
+@pytest.mark.parametrize("hidden", [4096, 16384, 65536])
+def test_fused_fp32_statistics_without_their_guard_fail_the_outlier_case(hidden):
+    # Without the second pass the outlier rows (the first element 3000 spreads out, which pulls
+    # the shift 375 spreads out) cancel bits the fp32 tolerance cannot spare from 4,096 elements
+    # on; at 490-1,072 they stay within it (3-6e-7): the outliers weigh more in the row's spread.
+    problem = Problem(hidden, "float32")
+    result = verify(EmulatedKernel(problem, "unguarded"), problem, xp=np, cases=cases_of(problem))
+    assert failed(result) == {OUTLIER_CASE}, result.failures
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_constant_rows_must_give_the_bias_bit_for_bit(dtype):
     # Summing x rather than x - shift gives a constant row of 1000 elements an inexact mean:
@@ -233,12 +256,16 @@ def test_the_largest_element_error_counts_where_the_l2_error_hides_it():
 def test_every_fault_is_tested_and_the_emulation_refuses_nonsense():
     assert set(FAULTS) == {
         "none", "naive", "uncorrected", "unshifted", *MERGE_FAULTS, "tail", "unwritten",
-        "past-end", "no-grid-stride",
+        "past-end", "no-grid-stride", "unguarded",
     }
     with pytest.raises(ValueError, match="unknown fault"):
         EmulatedKernel(Problem(64, "float32"), "slow")
     with pytest.raises(ValueError, match="cluster"):
         EmulatedKernel(Problem(64, "float32"), "no-between", cluster=1)
+    with pytest.raises(ValueError, match="fused fp32 statistics"):
+        EmulatedKernel(Problem(64, "bfloat16"), fused=True)
+    with pytest.raises(ValueError, match="fused fp32 statistics"):
+        EmulatedKernel(Problem(64, "float32"), "unguarded", cluster=2)
 
 
 # --------------------------------------------------------------------------- tolerances

@@ -20,7 +20,7 @@ from autonorm.codegen.environment import environment
 from autonorm.codegen.kernel import LaunchPlan, RenderedKernel
 from autonorm.codegen.spellings import dtype_names
 from autonorm.ops.layer_norm.config import KernelConfig
-from autonorm.ops.layer_norm.plan import Plan
+from autonorm.ops.layer_norm.plan import FUSED_SHIFT_ELEMENTS, Plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import require_valid
 from autonorm.ops.layer_norm.shape import SCRATCH_SMEM
@@ -152,6 +152,7 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config.threads,
         "ONE_PASS": plan.fused_passes,
+        "FSHIFT_N": min(FUSED_SHIFT_ELEMENTS, problem.hidden),
         "min_blocks": plan.min_blocks,
         "cache": config.cache,
         "PREFETCH": plan.prefetch,

@@ -5,7 +5,8 @@ order: each thread sums its strided vectors in sequence, the lanes of a warp by 
 the warps of a row one after another; a cluster splits the row into segments whose
 (shift, mean, M2) partials are merged with Chan's formula in rank order, as the bulk-copy
 kernel does (docs/accuracy.md, docs/bulk-kernel.md). Statistics are the corrected two-pass in
-fp32 and the shifted two-pass in 16-bit, as in the templates.
+fp32 and the shifted two-pass in 16-bit, as in the templates; ``fused`` takes the fp32 fused
+sums of the few-row kernels (``plan.fuses_passes``) instead.
 
 Its ``fault`` breaks one thing on purpose (:data:`FAULTS`), so that tests can show that
 :func:`autonorm.ops.layer_norm.verify.verify` rejects each broken kernel, on the CPU, through
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from autonorm.numerics import from_float64, to_float64
+from autonorm.ops.layer_norm.plan import FUSED_SHIFT_ELEMENTS
 from autonorm.ops.layer_norm.problem import Problem
 
 # What each fault breaks ("none": a correct kernel).
@@ -37,6 +39,7 @@ FAULTS: dict[str, str] = {
     "unwritten": "the last row is never written",
     "past-end": "one row past the last is written (the guard row)",
     "no-grid-stride": "each cluster normalizes its first tile only: no grid-stride loop",
+    "unguarded": "fp32 fused statistics that never take the second pass, however much cancels",
 }
 
 # The faults of the cluster merge: each needs a cluster of 2 or more.
@@ -64,6 +67,8 @@ class EmulatedKernel:
         threads_per_row: threads that sum one segment (a power of two).
         vec: elements per vector access (a thread's consecutive elements).
         rows_per_block: rows of one tile (the grid-stride loop strides by tiles).
+        fused: fp32 fused statistics about the mean of the row's first elements, as the
+            few-row kernels take them (cluster 1).
     """
 
     problem: Problem
@@ -72,6 +77,7 @@ class EmulatedKernel:
     threads_per_row: int = 256
     vec: int = 4
     rows_per_block: int = 1
+    fused: bool = False
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -80,6 +86,10 @@ class EmulatedKernel:
             raise ValueError(f"{self.fault} breaks a cluster merge: cluster must be 2 or more")
         if self.problem.hidden % self.cluster:
             raise ValueError("the cluster must divide the hidden size")
+        if (self.fused or self.fault == "unguarded") and (
+            self.problem.itemsize != 4 or self.cluster != 1
+        ):
+            raise ValueError("fused fp32 statistics: an fp32 problem and cluster 1")
 
     @property
     def plan(self) -> EmulatedPlan:
@@ -144,6 +154,8 @@ class EmulatedKernel:
         """Each segment's (shift, mean about it, M2) as the two-pass kernels compute them."""
         size = seg.shape[2]
         inv = _F32(1.0 / size)
+        if self.fused or self.fault == "unguarded":
+            return self._fused_stats(seg, inv)
         shift = np.zeros_like(seg[:, :, 0]) if self.fault == "unshifted" else seg[:, :, 0]
         mean = self._sum(seg - shift[:, :, None]) * inv
         centre = shift + mean
@@ -155,6 +167,33 @@ class EmulatedKernel:
         cmean = self._sum(d) * inv
         m2 = np.maximum(s2 - _F32(size) * cmean * cmean, _F32(0))
         return centre, cmean, m2
+
+    def _fused_stats(
+        self, seg: np.ndarray, inv: np.float32
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """fp32 fused statistics (``plan.fuses_passes``), as the few-row kernels take them.
+
+        Sums about the mean of the row's first FUSED_SHIFT_ELEMENTS elements (added in order)
+        in one pass; the corrected two-pass where the sums would cancel over 2 bits.
+        """
+        first = seg[:, :, :FUSED_SHIFT_ELEMENTS]
+        shift = np.zeros_like(seg[:, :, 0])
+        for k in range(first.shape[2]):
+            shift = shift + first[:, :, k]
+        shift = shift * _F32(1.0 / first.shape[2])
+        d = seg - shift[:, :, None]
+        s1, s2 = self._sum(d), self._sum(d * d)
+        mean = s1 * inv
+        m2 = s2 - s1 * mean
+        if self.fault == "unguarded":
+            return shift, mean, m2
+        centre = shift + mean
+        dc = seg - centre[:, :, None]
+        cmean = self._sum(dc) * inv
+        cm2 = np.maximum(self._sum(dc * dc) - _F32(seg.shape[2]) * cmean * cmean, _F32(0))
+        second = s1 * mean > _F32(0.75) * s2
+        return (np.where(second, centre, shift), np.where(second, cmean, mean),
+                np.where(second, cm2, m2))
 
     def _merge(
         self, cshift: np.ndarray, cmean: np.ndarray, m2: np.ndarray, n: int

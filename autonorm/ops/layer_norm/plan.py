@@ -79,6 +79,10 @@ EARLY_AFFINE_ITERS = 2
 # stays within 7.2e-8 of float64 on offset rows (H200, docs/kernels.md).
 EARLY_AFFINE_MAX_ITERS = 8
 
+# Elements at a row's start whose mean is the shift of fp32's fused statistics (fuses_passes):
+# every thread of the row (and of its cluster) reads them itself, beside its own loads.
+FUSED_SHIFT_ELEMENTS = 8
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -209,7 +213,10 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         fp32_row=(config.cache == "registers" and sixteen_bit and elems <= FP32_ROW_MAX
                   and not problem.wide_residual),
         fp32_tile=fp32_tile,
-        fused_passes=fuses_passes(config, problem),
+        fused_passes=fuses_passes(
+            config, problem,
+            short=early and problem.itemsize == 4 and shape.iters <= EARLY_AFFINE_ITERS,
+        ),
         unrolled_store=(
             async_fill and sixteen_bit and config.stats == "two_pass"
             and config.rows_per_block == 1 and config.max_regs > 0 and config.threads <= 256
@@ -259,28 +266,43 @@ def prefetches(config: KernelConfig) -> bool:
     return config.cache == "registers" and config.blocks_per_sm > 0
 
 
-def fuses_passes(config: KernelConfig, problem: Problem) -> bool:
-    """Whether a 16-bit two-pass kernel takes both of its sums in one pass.
+def fuses_passes(config: KernelConfig, problem: Problem, short: bool = False) -> bool:
+    """Whether a two-pass LayerNorm kernel takes both of its sums in one pass.
 
     The kernel sums x - shift and its squares through one reduction and takes the centred sum of
-    squares as s2 - s1 * mean. That cancels log2(s2 / M2) bits, so where it would cancel over 4
-    (the shift, the row's first element, more than 3.9 spreads from the mean; the verifier's
-    outlier rows) the kernel runs the second pass over its cached row after all. A 16-bit output
-    keeps 8 or 11 bits, so the 4 lost fp32 bits never reach it; fp32 rows keep the corrected
-    two-pass. The test must come out the same in every thread that reduces together: a row's
-    threads see the same totals, but a cluster's barrier spans every row of its blocks, so
-    clusters of multi-row blocks keep two passes.
+    squares as s2 - s1 * mean. That cancels log2(s2 / M2) bits, so where it would cancel too
+    many the kernel runs the second pass over its cached row after all. The test must come out
+    the same in every thread that reduces together: a row's threads see the same totals, but a
+    cluster's barrier spans every row of its blocks, so clusters of multi-row blocks keep two
+    passes.
 
-    The shipped 16-bit winners at 4096-16384 ran x1.002-1.018 fused, other register and
-    shared-memory configurations x1.01-1.11. The bulk kernel keeps two passes: its deferred
-    refill waits behind the first row sum's barrier, which fusing moves behind the heavier fused
-    pass (a 2-stage tile at bf16 32768 ran x0.89), and with the refill behind a barrier of its
-    own its winners ran x0.98-1.01 (docs/accuracy.md, docs/bulk-kernel.md).
+    16-bit rows: the shift is the row's first element and the second pass runs past 4 bits
+    (the shift more than 3.9 spreads from the mean; the verifier's outlier rows). A 16-bit
+    output keeps 8 or 11 bits, so the 4 lost fp32 bits never reach it. The shipped 16-bit
+    winners at 4096-16384 ran x1.002-1.018 fused, other register and shared-memory
+    configurations x1.01-1.11. The bulk kernel keeps two passes: its deferred refill waits
+    behind the first row sum's barrier, which fusing moves behind the heavier fused pass (a
+    2-stage tile at bf16 32768 ran x0.89), and with the refill behind a barrier of its own its
+    winners ran x0.98-1.01 (docs/accuracy.md, docs/bulk-kernel.md).
+
+    fp32 rows of the few-row kernels (``short``: ``plan.lean_fp32`` at two vectors a thread or
+    fewer, no residual add; with more, the fused kernels took 8 more registers and one of 32
+    elements a thread spilled): a launch there is one chain of steps, and a second reduction is
+    one more link (bf16 490 at
+    one row, one reduction, ran 0.15 us under fp32's two in the same configuration; H100,
+    docs/kernels.md). The shift is the mean of the row's first FUSED_SHIFT_ELEMENTS elements,
+    whose distance from the row's mean on normal data is a spread over sqrt(8), and the second
+    pass (the corrected two-pass) runs past 2 bits (the shift over 1.7 spreads from the mean),
+    which such a shift leaves to about one row in a million. Every output then holds the
+    fp32 bar (1e-6 of float64 on offset rows). Other fp32 kernels keep the corrected two-pass.
     """
-    return (
-        problem.norm == "layer" and config.cache != "bulk" and problem.itemsize == 2
-        and config.stats == "two_pass" and (config.cluster == 1 or config.rows_per_block == 1)
-    )
+    if problem.norm != "layer" or config.cache == "bulk" or config.stats != "two_pass":
+        return False
+    if config.cluster > 1 and config.rows_per_block > 1:
+        return False
+    if problem.itemsize == 2:
+        return True
+    return short and config.cache == "registers" and not problem.residual
 
 
 # The facts below are read from a plan: each is derived once, in derive_plan.
