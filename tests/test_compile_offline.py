@@ -194,9 +194,9 @@ def test_sweep_includes_defaults_and_every_variant():
         # (3 caches x 2 stats - (none, two_pass)) x cluster, plus the prefetching register
         # caches, plus the bulk-copy kernel (two-pass only, never prefetching) x cluster: 16,
         # each with and without keep_x, except the 7 clustered fwd kernels (plain only); and
-        # the 5 unclustered, unprefetched fwd kernels and the unclustered bulk kernel reading
-        # skewed rows, in both forms, and the 5 fwd kernels split over a cluster unevenly
-        # (plain only)
+        # the 5 unclustered, unprefetched fwd kernels and the bulk kernel (unclustered, and
+        # over a cluster in runs) reading skewed rows, in both forms, and the 5 fwd kernels
+        # split over a cluster unevenly (plain only)
         row_forms = (("registers", "two_pass"), ("registers", "welford"), ("smem", "two_pass"),
                      ("smem", "welford"), ("none", "welford"))
         skewed = {v for v in variants if v[5]}
@@ -204,13 +204,14 @@ def test_sweep_includes_defaults_and_every_variant():
             (cache, stats, False, False, keep, True)
             for cache, stats in (*row_forms, ("bulk", "two_pass"))
             for keep in (False, True)
-        } | {(cache, stats, True, False, False, True) for cache, stats in row_forms}, sorted(
-            skewed)
-        assert len(variants) == 42, sorted(variants)
+        } | {(cache, stats, True, False, False, True) for cache, stats in row_forms} | {
+            ("bulk", "two_pass", True, False, keep, True) for keep in (False, True)
+        }, sorted(skewed)
+        assert len(variants) == 44, sorted(variants)
         assert not {v for v in variants if v[0] != "bulk" and v[2] and v[4]}
         assert {v for v in variants if v[0] == "bulk"} == {
             ("bulk", "two_pass", cluster, False, keep, skew)
-            for cluster, skew in ((False, False), (True, False), (False, True))
+            for cluster, skew in ((False, False), (True, False), (False, True), (True, True))
             for keep in (False, True)
         }
         unclustered = {v for v in variants if v[0] == "bulk" or not v[2]}

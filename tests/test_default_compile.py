@@ -47,7 +47,8 @@ def skewed_added_launches():
 
 def long_rms_launches():
     """RMSNorm rows past one block's row cache: its default splits them over a cluster's
-    shared memory (odd rows unevenly), or reads them twice (cache "none") past that too."""
+    shared memory (odd rows unevenly; many odd rows of up to 256 KB over the bulk kernel's
+    cluster in runs), or reads them twice (cache "none") past that too."""
     rms = registry.get("rms_norm")
     for dtype in DTYPES:
         for hidden in (65535, 131071, 262145, 1048576):
@@ -74,7 +75,8 @@ def test_the_defaults_cover_the_new_shapes(defaults):
     for label in ("t64v4r1-registers-two_pass-c1-p0-e", "t128v4r2-registers-two_pass-c1-p0-e",
                   "t256v4r2-registers-two_pass-c1-p0-e", "t512v4r1-registers-two_pass-c1-p0-e",
                   "t128v8r1-bulk-two_pass-c1-p0-s1-k", "t1024v4r1-none-two_pass-c1-p0",
-                  "t1024v8r1-none-two_pass-c1-p0", "t512v8r1-smem-two_pass-c2-p0",
+                  "t1024v8r1-none-two_pass-c1-p0", "t512v8r1-smem-two_pass-c4-p0",
+                  "t512v8r1-bulk-two_pass-c8-p0-s2-k", "t512v4r1-bulk-two_pass-c8-p0-s2-k",
                   "t512v4r1-smem-two_pass-c8-p0"):
         assert label in labels
     assert len(defaults) > 150

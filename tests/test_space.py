@@ -58,8 +58,9 @@ def test_vector_wider_than_16_bytes_rejected():
 
 def test_vec_not_dividing_hidden_reads_rows_skewed():
     # 1004 = 4 x 251: 16-byte vectors do not tile a row, so rows start off the vector grid. The
-    # row kernel and the unclustered bulk kernel read them skewed; a cluster of the bulk kernel
-    # and a prefetching kernel refuse them.
+    # row kernel and the bulk kernel read them skewed (a cluster of the bulk kernel in runs of
+    # the row's aligned vectors, as the row kernel's, but not with the residual add); a
+    # prefetching kernel refuses them.
     problem = Problem(1004, "bfloat16")
     skewed = KernelConfig(threads=128, vec=8, cache="smem", stats="welford")
     assert_accepted(skewed, problem)
@@ -70,8 +71,17 @@ def test_vec_not_dividing_hidden_reads_rows_skewed():
     bulk = KernelConfig(128, 8, 1, "bulk", "two_pass", 1, 0, 2)
     assert_accepted(bulk, problem)
     assert derive_plan(bulk, problem).shape.skewed
-    assert_rejected(KernelConfig(128, 8, 1, "bulk", "two_pass", 2, 0, 2), problem,
-                    "splits only rows of whole 16-byte vectors over a cluster")
+    split = KernelConfig(128, 8, 1, "bulk", "two_pass", 2, 0, 2)
+    problem_4k = Problem(4100, "bfloat16")  # runs of 257 vectors: the last block 256 or 257
+    assert_accepted(split, problem_4k)
+    shape = derive_plan(split, problem_4k).shape
+    assert shape.ragged and shape.vectors == 257 and shape.segment == 257 * 8
+    assert_rejected(split, Problem(4100, "bfloat16", residual=True),
+                    "skewed rows over a cluster without the residual add")
+    # a cluster of 8 over 16004's 2001 vectors at most: runs of 251, the last block's 243-244
+    big = KernelConfig(128, 8, 1, "bulk", "two_pass", 8, 0, 2)
+    assert_accepted(big, Problem(16004, "bfloat16"))
+    assert derive_plan(big, Problem(16004, "bfloat16")).shape.vectors == 251
     assert_rejected(KernelConfig(128, 8, 1, "registers", "two_pass", 1, 4), problem,
                     "a prefetching kernel")
     # The row kernel's cluster deals the row's 126 aligned vectors out in runs of 63.

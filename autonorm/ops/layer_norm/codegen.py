@@ -23,7 +23,7 @@ from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.ops.layer_norm.plan import FUSED_SHIFT_ELEMENTS, Plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import require_valid
-from autonorm.ops.layer_norm.shape import SCRATCH_SMEM
+from autonorm.ops.layer_norm.shape import SCRATCH_SMEM, span_vectors
 from autonorm.runtime.limits import H200, DeviceLimits
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -149,6 +149,9 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "RAGGED": shape.ragged,
         "SKEW": shape.skewed,
         "PERIOD": shape.period,
+        # The last block's run of a skewed row spans at most NTAIL aligned vectors.
+        "NTAIL": span_vectors(problem.hidden, shape.head, config.vec)
+        - (config.cluster - 1) * shape.vectors,
         "NWARP_G": max(shape.threads_per_row // 32, 1),
         "threads": config.threads,
         "ONE_PASS": plan.fused_passes,

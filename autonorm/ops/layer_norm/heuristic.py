@@ -56,11 +56,12 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   nothing (x0.988-1.009), nor did the latency and LLM buckets (x0.966-1.005), whose x is 64 MB
   or less (the H200's L2 is 60 MB).
 
-Rows off the vector grid (skewed rows, docs/kernels.md) take the bulk kernel only unclustered,
-so only up to 64 KB a row, at two stages; at 36 or more rows an SM from 4 KB a row, where the
-row kernel runs them 1.1x-2.2x slower at most sizes. Every pick passes ``check``; where the
-bulk kernel cannot run the problem (too little shared memory) the rule falls through to the
-row kernel.
+Rows off the vector grid (skewed rows, docs/kernels.md) take the unclustered bulk kernel up to
+64 KB a row, at two stages, at 36 or more rows an SM from 4 KB a row, where the row kernel runs
+them 1.1x-2.2x slower at most sizes; from one row an SM, past 64 KB and up to 256 KB without
+the residual add, a cluster of it in runs of their aligned vectors. The bulk picks are
+:mod:`.bulk_picks`'. Every pick passes ``check``; where the bulk kernel cannot run the problem
+(too little shared memory) the rule falls through to the row kernel.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ from collections.abc import Iterator
 
 from autonorm.errors import ConfigError
 from autonorm.ops.base import rows_bucket
+from autonorm.ops.layer_norm.bulk_picks import (
+    bulk_configs,
+    bulk_pays,
+    keeps_x,
+)
 from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
 from autonorm.ops.layer_norm.few_rows import (
     few_rows_config,
@@ -80,43 +86,16 @@ from autonorm.ops.layer_norm.few_rows import (
 )
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check, welford_run_cap
-from autonorm.ops.layer_norm.shape import skew_max, span_vectors
 from autonorm.runtime.limits import H200, DeviceLimits
 
 KB = 1024
 
-# Rows shorter than this run the row kernel.
-BULK_MIN_ROW_BYTES = 16 * KB
-
-# Rows an SM from which the bulk kernel runs every row of BULK_MIN_ROW_BYTES or more.
-BULK_ROWS_PER_SM = 36
-
-# From one row an SM up to BULK_ROWS_PER_SM, the bulk kernel runs rows of this many elements.
-BULK_MIN_HIDDEN = 16384
-
-# Under one row an SM, the bulk kernel runs rows of this many bytes or more.
-FEW_ROWS_BULK_BYTES = 64 * KB
-
 # A few rows of this many bytes or more are split over a cluster of 8 or 4 blocks.
 LATENCY_MIN_ROW_BYTES = 32 * KB
 
-# A bulk tile holds a whole row up to WHOLE_ROW_BYTES with this many rows an SM or more, else
-# rows are split into segments of SEGMENT_BYTES over a cluster.
-WHOLE_ROW_ROWS_PER_SM = 8
-
-WHOLE_ROW_BYTES = 64 * KB
-
-SEGMENT_BYTES = 32 * KB
-
-# x this many times the L2 or more: its loads carry keep_x (the row kernel's only on rows of up
-# to ROW_KEEP_X_MAX_BYTES).
-KEEP_X_L2_MULTIPLE = 2
-
+# Row-kernel rows of up to this many bytes take keep_x where x is large (bulk_picks.keeps_x).
 ROW_KEEP_X_MAX_BYTES = 8 * KB
 
-# Skewed rows (off the vector grid) of this many bytes or more take the bulk kernel from
-# BULK_ROWS_PER_SM rows an SM.
-SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
 def default_config(
     problem: Problem, device: DeviceLimits = H200, rows: int | None = None
@@ -255,7 +234,7 @@ def _row_kernel(
             config = alone
     hinted = dataclasses.replace(config, keep_x=True)
     short = problem.hidden * problem.itemsize <= ROW_KEEP_X_MAX_BYTES
-    if short and _keeps_x(problem, device, bucket) and not check(hinted, problem, device):
+    if short and keeps_x(problem, device, bucket) and not check(hinted, problem, device):
         return hinted
     return config
 
@@ -268,97 +247,5 @@ def _hopper_candidates(
     if row_bytes >= LATENCY_MIN_ROW_BYTES:
         yield from latency_configs(problem, bucket, device)
         yield from ragged_latency_configs(problem, bucket, device)
-    if _bulk_pays(problem, device, bucket):
-        yield from _bulk_configs(problem, device, bucket)
-
-
-def _bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
-    """Whether the bulk-copy kernel's rows (16 KB or more) and row count pay its fixed cost."""
-    row_bytes = problem.hidden * problem.itemsize
-    many = bucket >= BULK_ROWS_PER_SM * device.sm_count
-    if problem.hidden % problem.max_vec and many:
-        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
-    if row_bytes < BULK_MIN_ROW_BYTES:
-        return False
-    if many:
-        return True
-    if bucket >= device.sm_count:
-        return problem.hidden >= BULK_MIN_HIDDEN
-    return row_bytes >= FEW_ROWS_BULK_BYTES
-
-
-def _bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterator[KernelConfig]:
-    """Bulk-copy configurations of the winners' shape, the preferred cluster and stages first.
-
-    The shape follows the bytes a tile stages (x's rows, and the residual's with the residual
-    add), the threads the vectors of x's segment.
-
-    Then the other clusters, nearest first, and fewer stages: the first that ``check`` admits
-    is the pick (the hidden size may not split over the preferred cluster, a device may hold
-    fewer stages).
-    """
-    vec = 16 // problem.itemsize
-    # A tile's bytes: what a row reads, half what it moves (with the residual add, the
-    # residual's row is staged beside x's, in float32 beside 16-bit x with a wide residual).
-    row_bytes = problem.row_io_bytes // 2
-    if problem.hidden % vec:
-        yield from _skewed_bulk_configs(problem, device, bucket, row_bytes)
-        return
-    whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
-    preferred = 1
-    if row_bytes > whole:
-        preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES),
-                         CLUSTERS[-1])
-    keep_x = _keeps_x(problem, device, bucket)
-    for cluster in sorted(CLUSTERS, key=lambda c: (abs(math.log2(c / preferred)), c)):
-        segment_bytes = row_bytes / cluster
-        vectors = math.ceil(problem.hidden / cluster / vec)
-        threads = _bulk_threads(vectors)
-        if cluster > 1:
-            stages = 2
-        else:
-            stages = 4 if segment_bytes <= 24 * KB else 3 if segment_bytes <= 48 * KB else 2
-        for fewer in range(stages, 0, -1):
-            yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, fewer,
-                               keep_x=keep_x)
-
-
-def _skewed_bulk_configs(
-    problem: Problem, device: DeviceLimits, bucket: int, row_bytes: int
-) -> Iterator[KernelConfig]:
-    """The unclustered bulk kernel for skewed rows up to 64 KB: two stages, then one.
-
-    A cluster refuses skewed rows, and past 64 KB a block alone over them ran behind the row
-    kernel (fp32 26531: 57.7% of copy against 67.9%). From 4 KB, at 2^26 elements, this pick
-    ran x0.90-2.2 of the row kernel's default at 23 sizes: ahead at 20, behind at bf16 8191 and
-    fp16 3001 (x0.98) and fp32 3003 (x0.90); under 4 KB it lost at bf16 513 and 1537. Its
-    threads are the aligned rule's: the fewest that keep a thread to 8 vectors of the row's
-    span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
-    of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
-    (docs/kernels.md, skewed rows). RMSNorm after the residual add takes one stage first: at
-    2051-12289 in every dtype it ran x1.00-1.10 of two, where LayerNorm after the add ran
-    x0.91-1.16 and keeps two. ``row_bytes`` is what a tile stages a row, as
-    :func:`_bulk_configs` counts it (the residual's row too with the add).
-    """
-    vec = problem.max_vec
-    if row_bytes > WHOLE_ROW_BYTES:
-        return
-    vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
-    threads = _bulk_threads(vectors)
-    keep_x = _keeps_x(problem, device, bucket)
-    one_first = problem.residual and problem.norm != "layer"
-    for stages in ((1, 2) if one_first else (2, 1)):
-        yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
-
-
-def _bulk_threads(vectors: int) -> int:
-    """The fewest threads (128 to 1024) that keep a thread to 8 of a tile row's ``vectors``.
-
-    8 vectors a thread is the bulk kernel's limit, and this count is every bulk winner's.
-    """
-    return min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
-
-
-def _keeps_x(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
-    """Whether x, ``bucket`` rows of it, is KEEP_X_L2_MULTIPLE times the L2 or more."""
-    return bucket * problem.hidden * problem.itemsize >= KEEP_X_L2_MULTIPLE * device.l2_bytes
+    if bulk_pays(problem, device, bucket):
+        yield from bulk_configs(problem, device, bucket)

@@ -245,7 +245,7 @@ def _common_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
             reasons.append("thread-block clusters need compute capability 9.0 or newer")
         if config.rows_per_block != 1:
             reasons.append("a cluster splits one row: rows_per_block must be 1")
-        if plan.bulk and problem.hidden % (config.cluster * config.vec):
+        if plan.bulk and not shape.skewed and problem.hidden % (config.cluster * config.vec):
             reasons.append("the bulk-copy kernel's cluster needs cluster x vec to divide hidden "
                            "(equal segments of whole vectors)")
         elif shape.ragged and (config.cluster - 1) * shape.vectors >= -(-problem.hidden

@@ -25,12 +25,12 @@ def bulk_reasons(plan: Plan, device: DeviceLimits) -> list[str]:
         reasons.append("the bulk-copy kernel needs stages >= 1")
     if config.vec * problem.itemsize != 16:
         reasons.append("the bulk-copy kernel reads 16-byte vectors: vec must be 16 bytes")
-    elif shape.skewed and config.cluster > 1:
-        # A skewed tile arrives as one copy of the aligned vectors that span it (TMA copies
-        # 16-byte multiples from 16-byte aligned addresses); a cluster's segments would each
-        # need one of their own, at offsets that change from row to row.
-        reasons.append(f"the bulk-copy kernel splits only rows of whole 16-byte vectors over a "
-                       f"cluster: vec {config.vec} does not divide hidden {problem.hidden}")
+    elif shape.skewed and config.cluster > 1 and problem.residual:
+        # A cluster's blocks each copy their run of a skewed row's aligned vectors; the
+        # residual add's skewed stages (h's pads, its shift) are written for one block a row.
+        reasons.append(f"the bulk-copy kernel splits skewed rows over a cluster without the "
+                       f"residual add only: vec {config.vec} does not divide hidden "
+                       f"{problem.hidden}")
     if config.stats != "two_pass":
         # It reads the staged row from shared memory twice; one-pass Welford would save nothing.
         reasons.append("the bulk-copy kernel computes two-pass statistics only")

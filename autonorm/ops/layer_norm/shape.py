@@ -73,10 +73,13 @@ def derive_shape(config: KernelConfig, problem: Problem) -> Shape:
     head = skew_max(problem.hidden, config.vec)
     vectors = span_vectors(segment, head, config.vec)
     ragged = False
-    if cluster > 1 and config.cache != "bulk" and (head or problem.hidden % (cluster * config.vec)):
+    splits_ragged = head > 0 if config.cache == "bulk" else (
+        head or problem.hidden % (cluster * config.vec))
+    if cluster > 1 and splits_ragged:
         # The row kernel splits any row: block r of a cluster takes the row's aligned vectors
-        # r * run .. (r + 1) * run - 1, the last block fewer. (The bulk kernel's copies need
-        # equal segments at offsets that stay put from row to row: rules_bulk.)
+        # r * run .. (r + 1) * run - 1, the last block fewer. The bulk kernel splits skewed
+        # rows so, one copy a block; rows on the grid it splits into equal segments (the
+        # hidden size must divide: rules).
         vectors = math.ceil(span_vectors(problem.hidden, head, config.vec) / cluster)
         segment = vectors * config.vec
         ragged = True

@@ -107,7 +107,9 @@ def _branch_refused(
     if cluster > 1 and (not clusters_ok or rows != 1):
         return True
     if cluster > 1 and cache == "bulk" and problem.hidden % (cluster * vec):
-        return True
+        # rows on the vector grid split evenly; skewed rows in runs, without the residual add
+        if problem.hidden % vec == 0 or problem.residual:
+            return True
     if cache == "none" and ((layer and stats == "two_pass") or problem.residual):
         return True
     if cache == "bulk":

@@ -1,0 +1,169 @@
+"""The LayerNorm family's untuned bulk-copy picks: whether the bulk kernel pays, and its shape.
+
+:func:`autonorm.ops.layer_norm.heuristic.default_config` asks :func:`bulk_pays` whether a row
+count and row size pay for the bulk kernel's fixed cost, and takes the first configuration of
+:func:`bulk_configs` that ``check`` admits. The evidence of each branch is in the docstrings
+and in docs/tuning.md (the default rule), docs/bulk-kernel.md and docs/kernels.md (skewed rows).
+Pure arithmetic: no GPU, no database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from autonorm.ops.layer_norm.config import CLUSTERS, KernelConfig
+from autonorm.ops.layer_norm.problem import Problem
+from autonorm.ops.layer_norm.shape import skew_max, span_vectors
+from autonorm.runtime.limits import DeviceLimits
+
+KB = 1024
+
+# Rows shorter than this run the row kernel.
+BULK_MIN_ROW_BYTES = 16 * KB
+
+# Rows an SM from which the bulk kernel runs every row of BULK_MIN_ROW_BYTES or more.
+BULK_ROWS_PER_SM = 36
+
+# From one row an SM up to BULK_ROWS_PER_SM, the bulk kernel runs rows of this many elements.
+BULK_MIN_HIDDEN = 16384
+
+# Under one row an SM, the bulk kernel runs rows of this many bytes or more.
+FEW_ROWS_BULK_BYTES = 64 * KB
+
+# A bulk tile holds a whole row up to WHOLE_ROW_BYTES with this many rows an SM or more, else
+# rows are split into segments of SEGMENT_BYTES over a cluster.
+WHOLE_ROW_ROWS_PER_SM = 8
+
+WHOLE_ROW_BYTES = 64 * KB
+
+SEGMENT_BYTES = 32 * KB
+
+# x this many times the L2 or more: its loads carry keep_x (the row kernel's only on rows of up
+# to heuristic.ROW_KEEP_X_MAX_BYTES).
+KEEP_X_L2_MULTIPLE = 2
+
+# Skewed rows (off the vector grid) of this many bytes or more take the bulk kernel from
+# BULK_ROWS_PER_SM rows an SM.
+SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
+
+
+def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
+    """Whether the bulk-copy kernel's rows (16 KB or more) and row count pay its fixed cost."""
+    row_bytes = problem.hidden * problem.itemsize
+    many = bucket >= BULK_ROWS_PER_SM * device.sm_count
+    if problem.hidden % problem.max_vec and many:
+        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
+    if row_bytes < BULK_MIN_ROW_BYTES:
+        return False
+    if many:
+        return True
+    if bucket >= device.sm_count:
+        return problem.hidden >= BULK_MIN_HIDDEN
+    return row_bytes >= FEW_ROWS_BULK_BYTES
+
+
+def bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterator[KernelConfig]:
+    """Bulk-copy configurations of the winners' shape, the preferred cluster and stages first.
+
+    The shape follows the bytes a tile stages (x's rows, and the residual's with the residual
+    add), the threads the vectors of x's segment.
+
+    Then the other clusters, nearest first, and fewer stages: the first that ``check`` admits
+    is the pick (the hidden size may not split over the preferred cluster, a device may hold
+    fewer stages).
+    """
+    vec = 16 // problem.itemsize
+    # A tile's bytes: what a row reads, half what it moves (with the residual add, the
+    # residual's row is staged beside x's, in float32 beside 16-bit x with a wide residual).
+    row_bytes = problem.row_io_bytes // 2
+    if problem.hidden % vec:
+        yield from skewed_bulk_configs(problem, device, bucket, row_bytes)
+        return
+    whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
+    preferred = 1
+    if row_bytes > whole:
+        preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES),
+                         CLUSTERS[-1])
+    keep_x = keeps_x(problem, device, bucket)
+    for cluster in sorted(CLUSTERS, key=lambda c: (abs(math.log2(c / preferred)), c)):
+        segment_bytes = row_bytes / cluster
+        vectors = math.ceil(problem.hidden / cluster / vec)
+        threads = bulk_threads(vectors)
+        if cluster > 1:
+            stages = 2
+        else:
+            stages = 4 if segment_bytes <= 24 * KB else 3 if segment_bytes <= 48 * KB else 2
+        for fewer in range(stages, 0, -1):
+            yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, fewer,
+                               keep_x=keep_x)
+
+
+def skewed_bulk_configs(
+    problem: Problem, device: DeviceLimits, bucket: int, row_bytes: int
+) -> Iterator[KernelConfig]:
+    """The bulk kernel for skewed rows: unclustered up to 64 KB, two stages, then one.
+
+    Past 64 KB a block alone over them ran behind the row kernel (fp32 26531: 57.7% of copy
+    against 67.9%), and a cluster splits them into runs of their aligned vectors instead
+    (:func:`skewed_cluster_configs`). From 4 KB, at 2^26 elements, this pick
+    ran x0.90-2.2 of the row kernel's default at 23 sizes: ahead at 20, behind at bf16 8191 and
+    fp16 3001 (x0.98) and fp32 3003 (x0.90); under 4 KB it lost at bf16 513 and 1537. Its
+    threads are the aligned rule's: the fewest that keep a thread to 8 vectors of the row's
+    span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
+    of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
+    (docs/kernels.md, skewed rows). RMSNorm after the residual add takes one stage first: at
+    2051-12289 in every dtype it ran x1.00-1.10 of two, where LayerNorm after the add ran
+    x0.91-1.16 and keeps two. ``row_bytes`` is what a tile stages a row, as
+    :func:`bulk_configs` counts it (the residual's row too with the add).
+    """
+    vec = problem.max_vec
+    if row_bytes > WHOLE_ROW_BYTES:
+        yield from skewed_cluster_configs(problem, device, bucket, row_bytes)
+        return
+    vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
+    threads = bulk_threads(vectors)
+    keep_x = keeps_x(problem, device, bucket)
+    one_first = problem.residual and problem.norm != "layer"
+    for stages in ((1, 2) if one_first else (2, 1)):
+        yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
+
+
+def skewed_cluster_configs(
+    problem: Problem, device: DeviceLimits, bucket: int, row_bytes: int
+) -> Iterator[KernelConfig]:
+    """Skewed rows past 64 KB over a cluster of the bulk kernel, as rows on the grid split.
+
+    Block r copies and normalizes the row's aligned vectors r * run .. (r + 1) * run - 1, the
+    last block the rest. The cluster is the aligned rule's (runs of up to SEGMENT_BYTES), the
+    threads the fewest that keep a thread to 8 vectors of a run, two stages. At 2^26 elements
+    (H100, one run of ``benchmarks/explore.py``): fp32 26531 89.6% of copy against the
+    shared-memory row kernel's 82.3%, fp32 40001 92.4% against 79.3%, bf16 40001 83.6% against
+    76.5%; one stage ran 45-76% there, twice the threads 41-81% (docs/kernels.md, skewed
+    rows). Not with the residual add (rules_bulk), nor at fewer rows than SMs or past 8 runs
+    of SEGMENT_BYTES (untimed there): those keep the row kernel.
+    """
+    if problem.residual or bucket < device.sm_count or row_bytes > CLUSTERS[-1] * SEGMENT_BYTES:
+        return
+    vec = problem.max_vec
+    span = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
+    preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES), CLUSTERS[-1])
+    keep_x = keeps_x(problem, device, bucket)
+    for cluster in sorted(CLUSTERS[1:], key=lambda c: (abs(math.log2(c / preferred)), c)):
+        threads = bulk_threads(math.ceil(span / cluster))
+        for stages in (2, 1):
+            yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, stages,
+                               keep_x=keep_x)
+
+
+def bulk_threads(vectors: int) -> int:
+    """The fewest threads (128 to 1024) that keep a thread to 8 of a tile row's ``vectors``.
+
+    8 vectors a thread is the bulk kernel's limit, and this count is every bulk winner's.
+    """
+    return min(1024, max(128, 1 << max(0, math.ceil(vectors / 8) - 1).bit_length()))
+
+
+def keeps_x(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
+    """Whether x, ``bucket`` rows of it, is KEEP_X_L2_MULTIPLE times the L2 or more."""
+    return bucket * problem.hidden * problem.itemsize >= KEEP_X_L2_MULTIPLE * device.l2_bytes
