@@ -418,3 +418,21 @@ def test_the_row_kernels_default_is_the_untuned_kernel_before_the_rule():
     assert row_kernel_default(Problem(16384, "float32")) == KernelConfig(
         1024, 4, 1, "smem", "two_pass", 1, 0)
 
+
+def test_many_fp32_rows_of_8_to_24_kb_take_the_bulk_kernel_at_two_stages():
+    # fp32 LayerNorm 3556 and 4360 left their tuned speed (the row kernel 70.1%, four stages
+    # 76.7% on the H200); on an H100 two stages ran 97.7-99.6% at 2048-6144.
+    for hidden, threads in ((2048, 128), (3556, 128), (4360, 256), (6144, 256)):
+        problem = Problem(hidden, "float32")
+        config = default_config(problem, H200, (1 << 26) // hidden)
+        assert (config.cache, config.threads, config.stages, config.cluster) == (
+            "bulk", threads, 2, 1), config.label()
+        assert check(config, problem) == []
+        # fewer rows keep the row kernel
+        assert default_config(problem, H200, 1024).cache != "bulk"
+    # 16-bit rows, RMSNorm and the residual add keep their rules (not timed so)
+    assert default_config(Problem(3560, "bfloat16"), H200, 18850).cache != "bulk"
+    assert default_config(Problem(3556, "float32", residual=True), H200, 18872).cache != "bulk"
+    assert default_config(RmsProblem(3556, "float32"), H200, 18872).cache != "bulk"
+    # 24 KB and more keep the staged rule: 8192 at three stages
+    assert default_config(Problem(8192, "float32"), H200, 8192).stages == 3

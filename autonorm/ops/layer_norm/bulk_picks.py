@@ -22,6 +22,13 @@ KB = 1024
 # Rows shorter than this run the row kernel.
 BULK_MIN_ROW_BYTES = 16 * KB
 
+# fp32 LayerNorm rows (no residual add) from this many bytes, at BULK_ROWS_PER_SM rows an SM
+# and more, run the bulk kernel too, at FP32_BULK_STAGES stages up to FP32_BULK_STAGED_BYTES
+# (see fp32_bulk_applies).
+FP32_BULK_MIN_ROW_BYTES = 8 * KB
+FP32_BULK_STAGED_BYTES = 24 * KB
+FP32_BULK_STAGES = 2
+
 # Rows an SM from which the bulk kernel runs every row of BULK_MIN_ROW_BYTES or more.
 BULK_ROWS_PER_SM = 36
 
@@ -55,7 +62,7 @@ def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
     if problem.hidden % problem.max_vec and many:
         return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
     if row_bytes < BULK_MIN_ROW_BYTES:
-        return False
+        return many and fp32_bulk_applies(problem) and row_bytes >= FP32_BULK_MIN_ROW_BYTES
     if many:
         return True
     if bucket >= device.sm_count:
@@ -92,6 +99,9 @@ def bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterato
         threads = bulk_threads(vectors)
         if cluster > 1:
             stages = 2
+        elif (fp32_bulk_applies(problem) and segment_bytes <= FP32_BULK_STAGED_BYTES
+              and bucket >= BULK_ROWS_PER_SM * device.sm_count):
+            stages = FP32_BULK_STAGES
         else:
             stages = 4 if segment_bytes <= 24 * KB else 3 if segment_bytes <= 48 * KB else 2
         for fewer in range(stages, 0, -1):
@@ -154,6 +164,21 @@ def skewed_cluster_configs(
         for stages in (2, 1):
             yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, stages,
                                keep_x=keep_x)
+
+
+def fp32_bulk_applies(problem: Problem) -> bool:
+    """Whether fp32 rows of 8-24 KB take the bulk kernel at two stages (many rows).
+
+    The row kernel and four stages left them behind their tuned winners: without the shipped
+    database, on the H200, fp32 3556 ran 70.1% of copy in the row kernel and 4360 76.7% at four
+    stages, where the neighbours' winner ran 96.3% at 3556 and tuning found 96.1% at two stages
+    for 4360 (docs/results.md). On an H100 (one run of ``benchmarks/explore.py``, 2^26
+    elements) the bulk kernel at the rule's threads and two stages ran 100.3%, 98.3% and 99.6%
+    of copy at 2416, 3556 and 4360, against the row kernel's 98.6% and 88.9% at 2416 and 3556
+    and four stages' 98.5%, 98.3% and 92.5%. LayerNorm without the residual add only: the
+    others were not timed so.
+    """
+    return problem.itemsize == 4 and problem.norm == "layer" and not problem.residual
 
 
 def bulk_threads(vectors: int) -> int:
