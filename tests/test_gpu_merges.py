@@ -103,8 +103,12 @@ def _kernels() -> list[tuple[str, int, str, dict[str, list[Patch]]]]:
     for dtype, v in _V.items():
         for cluster in (2, 4, 8):
             two_pass = ROW_FP32_BREAKS if dtype == "float32" else ROW_16_BREAKS
-            kernels.append(
-                (dtype, 16384, f"t256v{v}r1-registers-two_pass-c{cluster}-p0", two_pass))
+            # fp32 over 8 blocks of 256 threads holds two vectors a thread and fuses its sums
+            # (plan.fuses_passes: one exchange, as 16-bit's); 128 threads keep the two-pass
+            # exchanges these patches break.
+            threads = 128 if dtype == "float32" and cluster == 8 else 256
+            kernels.append((dtype, 16384,
+                            f"t{threads}v{v}r1-registers-two_pass-c{cluster}-p0", two_pass))
             kernels.append(
                 (dtype, 16384, f"t256v{v}r1-none-welford-c{cluster}-p0", ROW_WELFORD_BREAKS))
     return kernels
