@@ -149,7 +149,7 @@ def skewed_cluster_configs(
     threads the fewest that keep a thread to 8 vectors of a run, two stages. At 2^26 elements
     (H100, one run of ``benchmarks/explore.py``): fp32 26531 89.6% of copy against the
     shared-memory row kernel's 82.3%, fp32 40001 92.4% against 79.3%, bf16 40001 83.6% against
-    76.5%; one stage ran 45-76% there, twice the threads 41-81% (docs/kernels.md, skewed
+    76.5%; one stage ran 57-76% there, twice the threads 50-81% (docs/kernels.md, skewed
     rows). Not with the residual add (rules_bulk), nor at fewer rows than SMs or past 8 runs
     of SEGMENT_BYTES (untimed there): those keep the row kernel.
     """
@@ -172,11 +172,11 @@ def fp32_bulk_applies(problem: Problem) -> bool:
     The row kernel and four stages left them behind their tuned winners: without the shipped
     database, on the H200, fp32 3556 ran 70.1% of copy in the row kernel and 4360 76.7% at four
     stages, where the neighbours' winner ran 96.3% at 3556 and tuning found 96.1% at two stages
-    for 4360 (docs/results.md). On an H100 (one run of ``benchmarks/explore.py``, 2^26
-    elements) the bulk kernel at the rule's threads and two stages ran 100.3%, 98.3% and 99.6%
-    of copy at 2416, 3556 and 4360, against the row kernel's 98.6% and 88.9% at 2416 and 3556
-    and four stages' 98.5%, 98.3% and 92.5%. LayerNorm without the residual add only: the
-    others were not timed so.
+    for 4360 (docs/results.md). On an H100 (two runs of ``benchmarks/explore.py``, 2^26
+    elements) the bulk kernel at the rule's threads and two stages ran 97.4-99.1% of copy at
+    2416, 97.7-97.9% at 3556 and 99.6% at 4360, where the row kernel's default ran 97.1-98.6%
+    and 88.9% at the first two and four stages 89.7-92.5% at 4360 (docs/tuning.md). LayerNorm
+    without the residual add only: the others were not timed so.
     """
     return problem.itemsize == 4 and problem.norm == "layer" and not problem.residual
 
