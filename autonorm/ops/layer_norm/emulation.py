@@ -164,9 +164,18 @@ class EmulatedKernel:
         if self.problem.itemsize == 2 or self.fault == "uncorrected":
             return shift, mean, s2  # pass 2 about the centre; normalized about the shift
         # fp32: corrected two-pass, about the centre with pass 2's mean of x - centre.
-        cmean = self._sum(d) * inv
-        m2 = np.maximum(s2 - _F32(size) * cmean * cmean, _F32(0))
+        cmean, m2 = self._corrected(d, s2, inv)
         return centre, cmean, m2
+
+    def _corrected(
+        self, d: np.ndarray, s2: np.ndarray, inv: np.float32
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """fp32's correction of pass 2: the mean of ``d = x - centre``, and the M2 about it.
+
+        ``s2`` is the sum of d's squares.
+        """
+        cmean = self._sum(d) * inv
+        return cmean, np.maximum(s2 - _F32(d.shape[2]) * cmean * cmean, _F32(0))
 
     def _fused_stats(
         self, seg: np.ndarray, inv: np.float32
@@ -189,8 +198,7 @@ class EmulatedKernel:
             return shift, mean, m2
         centre = shift + mean
         dc = seg - centre[:, :, None]
-        cmean = self._sum(dc) * inv
-        cm2 = np.maximum(self._sum(dc * dc) - _F32(seg.shape[2]) * cmean * cmean, _F32(0))
+        cmean, cm2 = self._corrected(dc, self._sum(dc * dc), inv)
         second = s1 * mean > _F32(0.75) * s2
         return (np.where(second, centre, shift), np.where(second, cmean, mean),
                 np.where(second, cm2, m2))
