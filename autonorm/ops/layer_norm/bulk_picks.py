@@ -56,9 +56,13 @@ SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
 
 def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
-    """Whether the bulk-copy kernel's rows (16 KB or more) and row count pay its fixed cost."""
+    """Whether the bulk-copy kernel's rows and row count pay its fixed cost.
+
+    Rows of 16 KB or more; at many rows also fp32 LayerNorm's from 8 KB and skewed rows from
+    4 KB.
+    """
     row_bytes = problem.hidden * problem.itemsize
-    many = bucket >= BULK_ROWS_PER_SM * device.sm_count
+    many = _many(device, bucket)
     if problem.hidden % problem.max_vec and many:
         return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
     if row_bytes < BULK_MIN_ROW_BYTES:
@@ -88,19 +92,16 @@ def bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterato
         yield from skewed_bulk_configs(problem, device, bucket, row_bytes)
         return
     whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES
-    preferred = 1
-    if row_bytes > whole:
-        preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES),
-                         CLUSTERS[-1])
+    preferred = _segment_cluster(row_bytes) if row_bytes > whole else 1
     keep_x = keeps_x(problem, device, bucket)
-    for cluster in sorted(CLUSTERS, key=lambda c: (abs(math.log2(c / preferred)), c)):
+    for cluster in _nearest_first(CLUSTERS, preferred):
         segment_bytes = row_bytes / cluster
         vectors = math.ceil(problem.hidden / cluster / vec)
         threads = bulk_threads(vectors)
         if cluster > 1:
             stages = 2
         elif (fp32_bulk_applies(problem) and segment_bytes <= FP32_BULK_STAGED_BYTES
-              and bucket >= BULK_ROWS_PER_SM * device.sm_count):
+              and _many(device, bucket)):
             stages = FP32_BULK_STAGES
         else:
             stages = 4 if segment_bytes <= 24 * KB else 3 if segment_bytes <= 48 * KB else 2
@@ -157,9 +158,8 @@ def skewed_cluster_configs(
         return
     vec = problem.max_vec
     span = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
-    preferred = next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES), CLUSTERS[-1])
     keep_x = keeps_x(problem, device, bucket)
-    for cluster in sorted(CLUSTERS[1:], key=lambda c: (abs(math.log2(c / preferred)), c)):
+    for cluster in _nearest_first(CLUSTERS[1:], _segment_cluster(row_bytes)):
         threads = bulk_threads(math.ceil(span / cluster))
         for stages in (2, 1):
             yield KernelConfig(threads, vec, 1, "bulk", "two_pass", cluster, 0, stages,
@@ -179,6 +179,21 @@ def fp32_bulk_applies(problem: Problem) -> bool:
     without the residual add only: the others were not timed so.
     """
     return problem.itemsize == 4 and problem.norm == "layer" and not problem.residual
+
+
+def _many(device: DeviceLimits, bucket: int) -> bool:
+    """Whether ``bucket`` rows are BULK_ROWS_PER_SM rows an SM or more."""
+    return bucket >= BULK_ROWS_PER_SM * device.sm_count
+
+
+def _segment_cluster(row_bytes: int) -> int:
+    """The fewest blocks (2 to 8) whose segments of a row stay within SEGMENT_BYTES."""
+    return next((c for c in CLUSTERS[1:] if row_bytes <= c * SEGMENT_BYTES), CLUSTERS[-1])
+
+
+def _nearest_first(clusters: tuple[int, ...], preferred: int) -> list[int]:
+    """``clusters`` by their distance from ``preferred`` in octaves, the smaller first."""
+    return sorted(clusters, key=lambda c: (abs(math.log2(c / preferred)), c))
 
 
 def bulk_threads(vectors: int) -> int:
