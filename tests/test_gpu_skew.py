@@ -71,8 +71,8 @@ SMEM_BREAKS = {
 CLUSTER_BREAKS = {
     "run-weights-unshifted": ("load_shifted(wseg, j + crank * NVEC, h)",
                               "load_shifted(wseg, j, h)"),
-    "last-run-count": ("const float nb = (float)(min(N, (r + 1) * SEG - h) - (r * SEG - h));",
-                       "const float nb = (float)SEG;"),
+    "last-run-count": ("return (float)(min(N, (r + 1) * SEG - h) - max(0, r * SEG - h));",
+                       "return (float)((r + 1) * SEG - h - max(0, r * SEG - h));"),
     "pads-counted": ("in_row_some(it, lane, j * V - hl + q) ? ", "true ? "),
     "ends-stored-whole": (
         "if (part_here(it, lane)) store_row(yr + (size_t)j * V, j * V - hl, out);",
