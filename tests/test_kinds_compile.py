@@ -15,6 +15,7 @@ dispatch keeps. Skips itself where nvcc is missing or lacks the architecture.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -73,8 +74,11 @@ def launches(limits):
                 yield family, problem, count
 
 
-def defaults(limits):
-    """The sample's distinct default kernels: name -> (family, problem, rows, config, kernel)."""
+@functools.cache
+def defaults(cc: int) -> dict:
+    """The sample's distinct default kernels on kind ``cc``: name -> (family, problem, rows,
+    config, kernel). Cached: both tests of a kind read the same sample."""
+    limits = KNOWN[cc]
     kernels = {}
     for family, problem, rows in launches(limits):
         config = family.default(problem, limits, rows)
@@ -84,8 +88,8 @@ def defaults(limits):
 
 
 def test_the_sample_reaches_each_kinds_own_kernels():
-    for cc, limits in KNOWN.items():
-        labels = [config.label() for *_, config, _ in defaults(limits).values()]
+    for cc in KNOWN:
+        labels = [config.label() for *_, config, _ in defaults(cc).values()]
         assert len(labels) >= 60, (cc, len(labels))
         # Bulk copies and clusters on sm_90 and newer only.
         assert any("bulk" in label for label in labels) == (cc >= 90), cc
@@ -98,7 +102,7 @@ def test_what_runs_untuned_does_not_spill(cc):
     if cc not in NVCC_ARCHS:
         pytest.skip(f"nvcc has no sm_{cc}")
     limits = KNOWN[cc]
-    kernels = defaults(limits)
+    kernels = defaults(cc)
     reports = compile_offline([entry[-1] for entry in kernels.values()], limits.arch)
     spilling = [entry for name, entry in kernels.items() if reports[name].spills]
     picks = leaner_offline([(problem, rows, first) for _, problem, rows, first, _ in spilling],
