@@ -13,6 +13,7 @@ import pytest
 
 from autonorm.dtypes import DTYPES
 from autonorm.export.arch import A100, B200
+from autonorm.ops import registry
 from autonorm.ops.base import rows_bucket
 from autonorm.ops.layer_norm import bulk_picks, few_rows, heuristic, space
 from autonorm.ops.layer_norm.config import KernelConfig
@@ -385,8 +386,8 @@ def test_the_few_row_shape_keeps_to_its_bounds():
     # Over 256 rows, over 32 KB a row, 16-bit rows of 512 threads over the SMs, a float32
     # residual beside 16-bit x, rows too short for 64 threads: the rule's other branches decide
     assert few(Problem(490, "bfloat16"), 512) is None
-    assert default_config(Problem(490, "bfloat16"), H200, 512) == row_kernel_default(
-        Problem(490, "bfloat16"))
+    assert default_config(Problem(488, "bfloat16"), H200, 512) == row_kernel_default(
+        Problem(488, "bfloat16"))
     assert few(Problem(16385, "bfloat16"), 1) is None
     assert few(Problem(8193, "float32"), 1) is None
     assert few(Problem(16384, "bfloat16"), 256) is None
@@ -436,3 +437,22 @@ def test_many_fp32_rows_of_8_to_24_kb_take_the_bulk_kernel_at_two_stages():
     assert default_config(RmsProblem(3556, "float32"), H200, 18872).cache != "bulk"
     # 24 KB and more keep the staged rule: 8192 at three stages
     assert default_config(Problem(8192, "float32"), H200, 8192).stages == 3
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", [410, 490, 506])
+def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
+    # The row kernel's default, with weight and bias loaded beside x; rows on the vector grid,
+    # fp32 and longer rows (32 threads a row and more) keep it as it is.
+    rows = (1 << 26) // hidden
+    config = default_config(Problem(hidden, dtype), H200, rows)
+    assert config.cache == "registers" and config.early, config.label()
+    longer = default_config(Problem(2 * hidden + 1, dtype), H200, rows // 2)
+    assert longer.threads_per_row == 32 and not longer.early, longer.label()
+    rms = registry.get("rms_norm")
+    assert not rms.default(rms.problem(hidden=hidden, dtype=dtype), H200, rows).early
+    assert dataclasses.replace(config, early=False) == dataclasses.replace(
+        row_kernel_default(Problem(hidden, dtype)), keep_x=True)
+    aligned = hidden // 8 * 8
+    assert not default_config(Problem(aligned, dtype), H200, (1 << 26) // aligned).early
+    assert not default_config(Problem(hidden, "float32"), H200, rows).early

@@ -49,7 +49,9 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   the shape gives 512 threads keep the cluster split.
 - **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
   row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
-  it is the winner, at the others a neighbour in threads, rows a block or cache.
+  it is the winner, at the others a neighbour in threads, rows a block or cache. Short skewed
+  16-bit LayerNorm rows (16 threads a row) load weight and bias early (fp16 490, H100: 65% of
+  copy to 85%).
 - **keep_x** (x's loads kept in L2) where x is at least twice the L2, in the bulk kernel and in
   the row kernel on rows of up to 8 KB: every winner at 2^26 elements of those holds it (bulk
   x1.020-1.042, row kernel at 768-4096 x1.005-1.024); row kernels of 16-32 KB rows gained
@@ -233,6 +235,15 @@ def _row_kernel(
         alone = dataclasses.replace(config, threads=config.threads_per_row, rows_per_block=1)
         if not check(alone, problem, device):
             config = alone
+    short_skewed = problem.hidden % config.vec and config.threads_per_row == 16
+    if problem.norm == "layer" and problem.itemsize == 2 and short_skewed:
+        # Short 16-bit LayerNorm rows off the vector grid (16 threads a row: up to 64 vectors)
+        # load weight and bias beside x where the rules allow: left to nvcc, fp16 490's store
+        # pass loaded them in three rounds between its stores (H100: 65% of copy, 85% early;
+        # bf16 level; docs/kernels.md). Longer rows and RMSNorm were not timed with them.
+        early = dataclasses.replace(config, early=True)
+        if not check(early, problem, device):
+            config = early
     hinted = dataclasses.replace(config, keep_x=True)
     short = problem.hidden * problem.itemsize <= ROW_KEEP_X_MAX_BYTES
     if short and keeps_x(problem, device, bucket) and not check(hinted, problem, device):
