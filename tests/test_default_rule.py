@@ -451,6 +451,9 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
     assert longer.threads_per_row == 32 and not longer.early, longer.label()
     rms = registry.get("rms_norm")
     assert not rms.default(rms.problem(hidden=hidden, dtype=dtype), H200, rows).early
+    for form in ({"residual": True}, {"has_bias": False}, {"has_weight": False}):
+        other = default_config(Problem(hidden, dtype, **form), H200, rows)
+        assert not other.early, (form, other.label())
     assert dataclasses.replace(config, early=False) == dataclasses.replace(
         row_kernel_default(Problem(hidden, dtype)), keep_x=True)
     aligned = hidden // 8 * 8

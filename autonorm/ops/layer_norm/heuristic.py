@@ -50,8 +50,8 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
 - **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
   row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
   it is the winner, at the others a neighbour in threads, rows a block or cache. Short skewed
-  16-bit LayerNorm rows (16 threads a row) load weight and bias early (fp16 490, H100: 65% of
-  copy to 85%).
+  16-bit LayerNorm rows (16 threads a row) with weight and bias and no residual add load them
+  early (fp16 490, H100: 65% of copy to 85%).
 - **keep_x** (x's loads kept in L2) where x is at least twice the L2, in the bulk kernel and in
   the row kernel on rows of up to 8 KB: every winner at 2^26 elements of those holds it (bulk
   x1.020-1.042, row kernel at 768-4096 x1.005-1.024); row kernels of 16-32 KB rows gained
@@ -236,11 +236,13 @@ def _row_kernel(
         if not check(alone, problem, device):
             config = alone
     short_skewed = problem.hidden % config.vec and config.threads_per_row == 16
-    if problem.norm == "layer" and problem.itemsize == 2 and short_skewed:
+    timed_form = problem.norm == "layer" and problem.has_weight and problem.has_bias
+    if timed_form and not problem.residual and problem.itemsize == 2 and short_skewed:
         # Short 16-bit LayerNorm rows off the vector grid (16 threads a row: up to 64 vectors)
         # load weight and bias beside x where the rules allow: left to nvcc, fp16 490's store
         # pass loaded them in three rounds between its stores (H100: 65% of copy, 85% early;
-        # bf16 level; docs/kernels.md). Longer rows and RMSNorm were not timed with them.
+        # bf16 level; docs/kernels.md). Longer rows, other affine forms, the residual add and
+        # RMSNorm were not timed with them.
         early = dataclasses.replace(config, early=True)
         if not check(early, problem, device):
             config = early
