@@ -442,8 +442,9 @@ def test_many_fp32_rows_of_8_to_24_kb_take_the_bulk_kernel_at_two_stages():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("hidden", [410, 490, 506])
 def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
-    # The row kernel's default, with weight and bias loaded beside x; rows on the vector grid,
-    # fp32 and longer rows (32 threads a row and more) keep it as it is.
+    # The row kernel's default, with weight and bias loaded beside x; longer rows (32 threads a
+    # row and more), RMSNorm, the residual add, the forms without weight or bias, rows on the
+    # vector grid and fp32 keep it as it is (only the timed form changed).
     rows = (1 << 26) // hidden
     config = default_config(Problem(hidden, dtype), H200, rows)
     assert config.cache == "registers" and config.early, config.label()
