@@ -460,3 +460,33 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
     aligned = hidden // 8 * 8
     assert not default_config(Problem(aligned, dtype), H200, (1 << 26) // aligned).early
     assert not default_config(Problem(hidden, "float32"), H200, rows).early
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", [1032, 1072, 1536, 2048])
+def test_many_16_bit_rows_of_64_threads_run_one_a_block(op, dtype, hidden):
+    # 129-256 vectors: 64 threads a row, one row a 64-thread block, not two a 128-thread one.
+    family = registry.get(op)
+    for residual in (False, True):
+        problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
+        config = family.default(problem, H200, (1 << 26) // hidden)
+        assert (config.threads, config.rows_per_block) == (64, 1), config.label()
+        assert row_kernel_default(problem).rows_per_block == 2  # the rule before Hopper keeps it
+    # 65-128 vectors keep a warp a row, four rows a block
+    shorter = default_config(Problem(hidden // 2, dtype), H200, (2 << 26) // hidden)
+    assert (shorter.threads, shorter.rows_per_block) == (128, 4), shorter.label()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hidden", [1025, 1333, 1538, 2047])
+def test_many_skewed_16_bit_rows_of_64_threads_take_a_warp_and_shared_memory(op, dtype, hidden):
+    family = registry.get(op)
+    for residual in (False, True):
+        problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
+        config = family.default(problem, H200, (1 << 26) // hidden)
+        shape = (config.threads, config.rows_per_block, config.cache)
+        assert shape == (128, 4, "smem"), config.label()
+    # fp32 rows of the same length are 4 KB and more: the skewed bulk kernel
+    assert default_config(Problem(hidden, "float32"), H200, (1 << 26) // hidden).cache == "bulk"

@@ -49,7 +49,9 @@ show``; docs/results.md, docs/bulk-kernel.md, docs/l2-hints.md):
   the shape gives 512 threads keep the cluster split.
 - **Otherwise the row kernel**, :func:`row_kernel_default`, in fp32 one row a block (every fp32
   row-kernel winner, 768-8192, has one): at 10 of the grid's 19 shapes where the rule takes it
-  it is the winner, at the others a neighbour in threads, rows a block or cache. Short skewed
+  it is the winner, at the others a neighbour in threads, rows a block or cache. 16-bit rows of
+  64 threads (129-256 vectors) run one a 64-thread block, and off the vector grid a warp a row
+  in shared memory (H100: 1072 from 72% of copy to 97%, skewed 1333 from 50% to 86%). Short skewed
   16-bit LayerNorm rows (16 threads a row) with weight and bias and no residual add load them
   early (fp16 490, H100: 65% of copy to 85%).
 - **keep_x** (x's loads kept in L2) where x is at least twice the L2, in the bulk kernel and in
@@ -231,7 +233,17 @@ def _row_kernel(
     if few is not None:
         return few
     config = row_kernel_default(problem, device)
-    if problem.itemsize == 4 and config.rows_per_block > 1 and config.threads_per_row >= 32:
+    # 16-bit rows of 64 threads (1025-2048 elements) ran 71-89% of copy two a 128-thread block
+    # and 97-98% one a 64-thread block; off the vector grid 48-78%, and 86-88% a warp a row with
+    # the row in shared memory, in LayerNorm, RMSNorm and the fused add alike (H100, 2^26
+    # elements; docs/kernels.md). fp32 rows of 32 threads and more ran fastest alone too.
+    skewed = problem.hidden % config.vec
+    if problem.itemsize == 2 and skewed and config.threads_per_row == 64:
+        warp = dataclasses.replace(config, threads=128, rows_per_block=4, cache="smem")
+        if not check(warp, problem, device):
+            config = warp
+    alone_from = 32 if problem.itemsize == 4 else 64
+    if config.rows_per_block > 1 and config.threads_per_row >= alone_from:
         alone = dataclasses.replace(config, threads=config.threads_per_row, rows_per_block=1)
         if not check(alone, problem, device):
             config = alone
