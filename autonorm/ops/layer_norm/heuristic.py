@@ -233,8 +233,8 @@ def _row_kernel(
     if few is not None:
         return few
     config = row_kernel_default(problem, device)
-    # 16-bit rows of 64 threads (1025-2048 elements) ran 71-89% of copy two a 128-thread block
-    # and 97-98% one a 64-thread block; off the vector grid 48-78%, and 86-88% a warp a row with
+    # 16-bit rows of 64 threads (1025-2048 elements) ran 71-94% of copy two a 128-thread block
+    # and 97-98% one a 64-thread block; off the vector grid 48-78%, and 80-88% a warp a row with
     # the row in shared memory, in LayerNorm, RMSNorm and the fused add alike (H100, 2^26
     # elements; docs/kernels.md). fp32 rows of 32 threads and more ran fastest alone too.
     skewed = problem.hidden % config.vec
