@@ -482,5 +482,6 @@ def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_a_warp(op, dty
     # skewed take the bulk kernel
     shorter = default_config(Problem(1000 + hidden % 8, dtype), H200, 1 << 16)
     assert (shorter.threads, shorter.rows_per_block) == (128, 4), shorter.label()
-    fp32 = default_config(Problem(hidden, "float32"), H200, (1 << 26) // hidden)
-    assert fp32.cache == "bulk" or hidden % 4 == 0, fp32.label()
+    if hidden % 4:
+        fp32 = default_config(Problem(hidden, "float32"), H200, (1 << 26) // hidden)
+        assert fp32.cache == "bulk", fp32.label()

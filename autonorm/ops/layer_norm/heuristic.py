@@ -247,7 +247,7 @@ def _row_kernel(
         alone = dataclasses.replace(config, threads=config.threads_per_row, rows_per_block=1)
         if not check(alone, problem, device):
             config = alone
-    short_skewed = problem.hidden % config.vec and config.threads_per_row == 16
+    short_skewed = skewed and config.threads_per_row == 16
     timed_form = problem.norm == "layer" and problem.has_weight and problem.has_bias
     if timed_form and not problem.residual and problem.itemsize == 2 and short_skewed:
         # Short 16-bit LayerNorm rows off the vector grid (16 threads a row: up to 64 vectors)
