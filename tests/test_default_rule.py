@@ -464,20 +464,44 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("hidden", "shape"), [
-    (1032, (64, 1)), (1072, (64, 1)), (1536, (64, 1)), (2048, (64, 1)),
-    (1025, (128, 4, "smem")), (1333, (128, 4, "smem")), (2047, (128, 4, "smem")),
+@pytest.mark.parametrize(("hidden", "shapes"), [
+    (1032, {"layer": (64, 1), "rms": (64, 1)}),
+    (1072, {"layer": (64, 1), "rms": (64, 1)}),
+    (1536, {"layer": (64, 1), "rms": (64, 1)}),
+    (2048, {"layer": (64, 1), "rms": (64, 1)}),
+    # Off the vector grid: LayerNorm's tiles of the bulk kernel, 4 rows of 64 threads;
+    # RMSNorm's a warp a row with the row in shared memory.
+    (1025, {"layer": (256, 4, "bulk"), "rms": (128, 4, "smem")}),
+    (1333, {"layer": (256, 4, "bulk"), "rms": (128, 4, "smem")}),
+    (2042, {"layer": (256, 4, "bulk"), "rms": (128, 4, "smem")}),
+    # A span past 256 vectors: 2 rows of 128 threads a tile, every norm.
+    (2046, {"layer": (256, 2, "bulk"), "rms": (256, 2, "bulk")}),
+    (2047, {"layer": (256, 2, "bulk"), "rms": (256, 2, "bulk")}),
 ])
-def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_a_warp(op, dtype, hidden, shape):
+def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_in_tiles(
+    op, dtype, hidden, shapes
+):
     # 129-256 vectors: 64 threads a row, one row a 64-thread block, not two a 128-thread one;
-    # off the vector grid a warp a row with the row in shared memory.
+    # off the vector grid (2-4 KB) the bulk kernel's tiles or a warp a row.
     family = registry.get(op)
     for residual in (False, True):
         problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
         config = family.default(problem, H200, (1 << 26) // hidden)
         picked = (config.threads, config.rows_per_block, config.cache)
+        shape = shapes[problem.norm]
         assert picked[:len(shape)] == shape, config.label()
+        assert check(config, problem, H200) == []
+        if config.cache == "bulk":
+            assert (config.stages, config.cluster, config.keep_x) == (2, 1, True), config.label()
+            assert derive_plan(config, problem).shape.iters <= 4
+            # Fewer rows than 36 an SM keep the row kernel's warp a row.
+            fewer = family.default(problem, H200, 2048)
+            assert (fewer.threads, fewer.rows_per_block, fewer.cache) == (128, 4, "smem")
         assert row_kernel_default(problem).rows_per_block == 2  # the rule before Hopper keeps it
+    # A float32 residual beside 16-bit x (untimed in tiles) keeps the rule before them.
+    wide = family.problem(hidden=hidden, dtype=dtype, residual=True, residual_dtype="float32")
+    assert bulk_picks.skewed_tile_rows(wide) == 0
+    assert family.default(wide, H200, (1 << 26) // hidden).rows_per_block == 1
     # 65-128 vectors keep a warp a row, four rows a block; fp32 rows of 4 KB and more that are
     # skewed take the bulk kernel
     shorter = default_config(Problem(1000 + hidden % 8, dtype), H200, 1 << 16)

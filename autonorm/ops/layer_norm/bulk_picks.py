@@ -54,17 +54,27 @@ KEEP_X_L2_MULTIPLE = 2
 # BULK_ROWS_PER_SM rows an SM.
 SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
+# Shorter skewed 16-bit rows, over this many bytes, take it with several rows a tile of
+# SKEWED_TILE_THREADS threads (see skewed_tile_rows).
+SKEWED_TILE_MIN_ROW_BYTES = 2 * KB
+
+SKEWED_TILE_THREADS = 256
+
+# A tile row of up to this many aligned vectors gets 64 threads (4 rows a tile), a longer one
+# 128 (2 rows), so a thread holds at most 4 vectors (rules_bulk: BULK_MAX_ITERS // 2).
+SKEWED_TILE_SHORT_SPAN = 256
+
 
 def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
     """Whether the bulk-copy kernel's rows and row count pay its fixed cost.
 
-    Rows of 16 KB or more; at many rows also fp32 LayerNorm's from 8 KB and skewed rows from
-    4 KB.
+    Rows of 16 KB or more; at many rows also fp32 LayerNorm's from 8 KB, skewed rows from
+    4 KB and skewed 16-bit rows of 2-4 KB that :func:`skewed_tile_rows` tiles.
     """
     row_bytes = problem.hidden * problem.itemsize
     many = _many(device, bucket)
     if problem.hidden % problem.max_vec and many:
-        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES
+        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES or skewed_tile_rows(problem) > 0
     if row_bytes < BULK_MIN_ROW_BYTES:
         return many and fp32_bulk_applies(problem) and row_bytes >= FP32_BULK_MIN_ROW_BYTES
     if many:
@@ -132,12 +142,45 @@ def skewed_bulk_configs(
     if row_bytes > WHOLE_ROW_BYTES:
         yield from skewed_cluster_configs(problem, device, bucket, row_bytes)
         return
+    keep_x = keeps_x(problem, device, bucket)
+    tile_rows = skewed_tile_rows(problem)
+    if tile_rows:
+        for stages in (2, 1):
+            yield KernelConfig(SKEWED_TILE_THREADS, vec, tile_rows, "bulk", "two_pass", 1, 0,
+                               stages, keep_x=keep_x)
+        return
     vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
     threads = bulk_threads(vectors)
-    keep_x = keeps_x(problem, device, bucket)
     one_first = problem.residual and problem.norm != "layer"
     for stages in ((1, 2) if one_first else (2, 1)):
         yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
+
+
+def skewed_tile_rows(problem: Problem) -> int:
+    """Rows a bulk tile holds for a skewed 16-bit row of 2-4 KB (1025-2047 elements), or 0.
+
+    Rows of up to SKEWED_TILE_SHORT_SPAN aligned vectors, 4 a tile of 64 threads each, in
+    LayerNorm (and after the residual add); longer ones (2041-2047 elements), 2 a tile of 128
+    threads, in every norm. The row kernel's default, a warp a row with the row in shared
+    memory, ran them at 77-88% of copy. At 2^26 elements on an H100, twice in one process
+    (``benchmarks/explore.py`` with the old default in ``--configs``), the tiles ran 2047 at
+    84-86% against 80-82% in bf16 and fp16 LayerNorm, 91-92% against 85% after the add and
+    88.5% against 84% in RMSNorm; 1031 at 85-88% against 79-80% in LayerNorm and 91% against
+    87% after the add, and 1333-1801 level with it or ahead (after the add, 1801: 88.5%
+    against 81.5%). RMSNorm's short rows keep the row kernel: the tiles ran 85-89% against its
+    88-92%. fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread
+    over runs. Not with a float32 residual beside 16-bit x: untimed.
+    """
+    row_bytes = problem.hidden * problem.itemsize
+    if problem.itemsize != 2 or problem.wide_residual or not (
+        SKEWED_TILE_MIN_ROW_BYTES < row_bytes < SKEWED_BULK_MIN_ROW_BYTES
+    ):
+        return 0
+    vec = problem.max_vec
+    span = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
+    if span > SKEWED_TILE_SHORT_SPAN:
+        return 2
+    return 4 if problem.norm == "layer" else 0
 
 
 def skewed_cluster_configs(
