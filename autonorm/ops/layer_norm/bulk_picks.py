@@ -165,7 +165,7 @@ def skewed_tile_rows(problem: Problem) -> int:
     memory, ran them at 77-88% of copy. At 2^26 elements on an H100, twice in one process
     (``benchmarks/explore.py`` with the old default in ``--configs``), the tiles ran 2047 at
     84-86% against 80-82% in bf16 and fp16 LayerNorm, 91-92% against 85% after the add and
-    88.5% against 84% in RMSNorm; 1031 at 85-88% against 79-80% in LayerNorm and 91% against
+    88.5% against 84% in RMSNorm; 1031 at 85-87% against 79-80% in LayerNorm and 91% against
     87% after the add, and 1333-1801 level with it or ahead (after the add, 1801: 88.5%
     against 81.5%). RMSNorm's short rows keep the row kernel: the tiles ran 85-89% against its
     88-92%. fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread
