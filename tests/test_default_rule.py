@@ -490,6 +490,7 @@ def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_in_tiles(
         picked = (config.threads, config.rows_per_block, config.cache)
         shape = shapes[problem.norm]
         assert picked[:len(shape)] == shape, config.label()
+        assert (bulk_picks.skewed_tile_rows(problem) > 0) == (config.cache == "bulk")
         assert check(config, problem, H200) == []
         if config.cache == "bulk":
             assert (config.stages, config.cluster, config.keep_x) == (2, 1, True), config.label()

@@ -149,8 +149,7 @@ def skewed_bulk_configs(
             yield KernelConfig(SKEWED_TILE_THREADS, vec, tile_rows, "bulk", "two_pass", 1, 0,
                                stages, keep_x=keep_x)
         return
-    vectors = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
-    threads = bulk_threads(vectors)
+    threads = bulk_threads(_skewed_span(problem))
     one_first = problem.residual and problem.norm != "layer"
     for stages in ((1, 2) if one_first else (2, 1)):
         yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
@@ -172,13 +171,12 @@ def skewed_tile_rows(problem: Problem) -> int:
     over runs. Not with a float32 residual beside 16-bit x: untimed.
     """
     row_bytes = problem.hidden * problem.itemsize
-    if problem.itemsize != 2 or problem.wide_residual or not (
+    on_grid = problem.hidden % problem.max_vec == 0
+    if on_grid or problem.itemsize != 2 or problem.wide_residual or not (
         SKEWED_TILE_MIN_ROW_BYTES < row_bytes < SKEWED_BULK_MIN_ROW_BYTES
     ):
         return 0
-    vec = problem.max_vec
-    span = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
-    if span > SKEWED_TILE_SHORT_SPAN:
+    if _skewed_span(problem) > SKEWED_TILE_SHORT_SPAN:
         return 2
     return 4 if problem.norm == "layer" else 0
 
@@ -200,7 +198,7 @@ def skewed_cluster_configs(
     if problem.residual or bucket < device.sm_count or row_bytes > CLUSTERS[-1] * SEGMENT_BYTES:
         return
     vec = problem.max_vec
-    span = span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
+    span = _skewed_span(problem)
     keep_x = keeps_x(problem, device, bucket)
     for cluster in _nearest_first(CLUSTERS[1:], _segment_cluster(row_bytes)):
         threads = bulk_threads(math.ceil(span / cluster))
@@ -222,6 +220,12 @@ def fp32_bulk_applies(problem: Problem) -> bool:
     without the residual add only: the others were not timed so.
     """
     return problem.itemsize == 4 and problem.norm == "layer" and not problem.residual
+
+
+def _skewed_span(problem: Problem) -> int:
+    """Aligned vectors of ``max_vec`` a row spans at its furthest skew (up to one past its own)."""
+    vec = problem.max_vec
+    return span_vectors(problem.hidden, skew_max(problem.hidden, vec), vec)
 
 
 def _many(device: DeviceLimits, bucket: int) -> bool:
