@@ -208,8 +208,10 @@ def test_many_skewed_rows_from_4_kb_take_the_bulk_kernel_at_two_stages():
         aligned = Problem(hidden // problem.max_vec * problem.max_vec, dtype)
         if aligned.hidden * aligned.itemsize < bulk_picks.BULK_MIN_ROW_BYTES:
             assert default_config(aligned, H200, rows).cache != "bulk"
-    # Under 4 KB, and with fewer rows, the row kernel stays.
-    assert default_config(Problem(1001, "bfloat16"), H200, 1 << 16).cache != "bulk"
+    # Under 4 KB (but for the 16-bit rows the bulk kernel tiles), and with fewer rows, the row
+    # kernel stays.
+    assert default_config(Problem(1001, "float32"), H200, 1 << 16).cache != "bulk"
+    assert default_config(Problem(1001, "bfloat16"), H200, 4096).cache != "bulk"
     assert default_config(Problem(4099, "bfloat16"), H200, 4096).cache != "bulk"
 
 
@@ -445,9 +447,12 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
     # The row kernel's default, with weight and bias loaded beside x; longer rows (32 threads a
     # row and more), RMSNorm, the residual add, the forms without weight or bias, rows on the
     # vector grid and fp32 keep it as it is (only the timed form changed).
-    rows = (1 << 26) // hidden
+    # Fewer rows than 36 an SM: more take the bulk kernel's tiles (below).
+    rows = 4096
     config = default_config(Problem(hidden, dtype), H200, rows)
     assert config.cache == "registers" and config.early, config.label()
+    tiled = default_config(Problem(hidden, dtype), H200, (1 << 26) // hidden)
+    assert (tiled.cache, tiled.threads, tiled.rows_per_block) == ("bulk", 256, 8), tiled.label()
     longer = default_config(Problem(2 * hidden + 1, dtype), H200, rows // 2)
     assert longer.threads_per_row == 32 and not longer.early, longer.label()
     rms = registry.get("rms_norm")
@@ -456,7 +461,7 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
         other = default_config(Problem(hidden, dtype, **form), H200, rows)
         assert not other.early, (form, other.label())
     assert dataclasses.replace(config, early=False) == dataclasses.replace(
-        row_kernel_default(Problem(hidden, dtype)), keep_x=True)
+        row_kernel_default(Problem(hidden, dtype)), keep_x=config.keep_x)
     aligned = hidden // 8 * 8
     assert not default_config(Problem(aligned, dtype), H200, (1 << 26) // aligned).early
     assert not default_config(Problem(hidden, "float32"), H200, rows).early
@@ -490,7 +495,7 @@ def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_in_tiles(
         picked = (config.threads, config.rows_per_block, config.cache)
         shape = shapes[problem.norm]
         assert picked[:len(shape)] == shape, config.label()
-        assert (bulk_picks.skewed_tile_rows(problem) > 0) == (config.cache == "bulk")
+        assert (bulk_picks.skewed_tile(problem) is not None) == (config.cache == "bulk")
         assert check(config, problem, H200) == []
         if config.cache == "bulk":
             assert (config.stages, config.cluster, config.keep_x) == (2, 1, True), config.label()
@@ -501,12 +506,56 @@ def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_in_tiles(
         assert row_kernel_default(problem).rows_per_block == 2  # the rule before Hopper keeps it
     # A float32 residual beside 16-bit x (untimed in tiles) keeps the rule before them.
     wide = family.problem(hidden=hidden, dtype=dtype, residual=True, residual_dtype="float32")
-    assert bulk_picks.skewed_tile_rows(wide) == 0
+    assert bulk_picks.skewed_tile(wide) is None
     assert family.default(wide, H200, (1 << 26) // hidden).rows_per_block == 1
-    # 65-128 vectors keep a warp a row, four rows a block; fp32 rows of 4 KB and more that are
+    # 65-128 vectors keep a warp a row, four rows a block, on the vector grid; off it, two rows
+    # of 64 threads a tile of the bulk kernel at one stage. fp32 rows of 4 KB and more that are
     # skewed take the bulk kernel
     shorter = default_config(Problem(1000 + hidden % 8, dtype), H200, 1 << 16)
-    assert (shorter.threads, shorter.rows_per_block) == (128, 4), shorter.label()
+    expected = (128, 2, 1) if hidden % 8 else (128, 4, 0)
+    assert (shorter.threads, shorter.rows_per_block, shorter.stages) == expected, shorter.label()
     if hidden % 4:
         fp32 = default_config(Problem(hidden, "float32"), H200, (1 << 26) // hidden)
         assert fp32.cache == "bulk", fp32.label()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("hidden", "tile"), [
+    (249, None),             # 32 aligned vectors: the row kernel
+    (255, (256, 8)),         # 33: a warp a row, 8 rows a tile
+    (490, (256, 8)),
+    (506, (256, 8)),         # 64
+    (507, (128, 2)),         # 65: 64 threads a row, 2 rows a tile
+    (745, (128, 2)),
+    (1013, (128, 2)),
+    (1023, (128, 2)),
+])
+def test_many_short_skewed_16_bit_rows_run_in_bulk_tiles_at_one_stage(op, dtype, hidden, tile):
+    # Up to 2 KB, in every norm and form but a float32 residual beside 16-bit x: a warp a row
+    # up to 64 aligned vectors, else 64 threads, one stage; fewer than 36 rows an SM, fp32 and
+    # rows on the vector grid keep the row kernel.
+    family = registry.get(op)
+    rows = (1 << 26) // hidden
+    forms = [{}, {"residual": True}, {"has_weight": False}]
+    for form in forms + ([{"has_bias": False}] if op == "layer_norm" else []):
+        problem = family.problem(hidden=hidden, dtype=dtype, **form)
+        config = family.default(problem, H200, rows)
+        if tile is None:
+            assert config.cache != "bulk" and bulk_picks.skewed_tile(problem) is None
+            continue
+        assert (config.threads, config.rows_per_block) == tile, (form, config.label())
+        assert (config.cache, config.stages, config.cluster) == ("bulk", 1, 1), config.label()
+        assert config.threads // config.rows_per_block == (32 if tile[1] == 8 else 64)
+        assert check(config, problem, H200) == []
+        assert derive_plan(config, problem).shape.skewed
+        assert family.default(problem, H200, 4096).cache != "bulk"
+    if tile is not None:
+        wide = family.problem(hidden=hidden, dtype=dtype, residual=True,
+                              residual_dtype="float32")
+        assert bulk_picks.skewed_tile(wide) is None
+        assert family.default(wide, H200, rows).cache != "bulk"
+    fp32 = family.problem(hidden=hidden, dtype="float32")
+    assert family.default(fp32, H200, rows).cache != "bulk"
+    aligned = family.problem(hidden=hidden // 8 * 8, dtype=dtype)
+    assert family.default(aligned, H200, (1 << 26) // aligned.hidden).cache != "bulk"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from autonorm.ops.layer_norm.config import CLUSTERS, KernelConfig
 from autonorm.ops.layer_norm.problem import Problem
@@ -54,27 +55,49 @@ KEEP_X_L2_MULTIPLE = 2
 # BULK_ROWS_PER_SM rows an SM.
 SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
-# Shorter skewed 16-bit rows, over this many bytes, take it with several rows a tile of
-# SKEWED_TILE_THREADS threads (see skewed_tile_rows).
+# Shorter skewed 16-bit rows take it with several rows a tile (see skewed_tile): up to this
+# many bytes, short ones; longer ones in tiles of SKEWED_TILE_THREADS threads.
 SKEWED_TILE_MIN_ROW_BYTES = 2 * KB
 
 SKEWED_TILE_THREADS = 256
 
-# A tile row of up to this many aligned vectors gets 64 threads (4 rows a tile), a longer one
-# 128 (2 rows), so a thread holds at most 4 vectors (rules_bulk: BULK_MAX_ITERS // 2).
+# A tile row of 2-4 KB of up to this many aligned vectors gets 64 threads (4 rows a tile), a
+# longer one 128 (2 rows), so a thread holds at most 4 vectors (rules_bulk: BULK_MAX_ITERS // 2).
 SKEWED_TILE_SHORT_SPAN = 256
+
+# A short row (up to SKEWED_TILE_MIN_ROW_BYTES) of up to this many aligned vectors gets a warp,
+# a longer one 64 threads: two vectors a thread or a few more.
+SKEWED_TILE_WARP_SPAN = 64
+
+# Short rows of this many aligned vectors or fewer keep the row kernel (untimed in tiles).
+SKEWED_TILE_MIN_SPAN = 32
+
+
+@dataclass(frozen=True)
+class SkewedTile:
+    """The bulk kernel's tile for skewed 16-bit rows: its threads, its rows, stages to try.
+
+    Attributes:
+        threads: threads a block (the tile's rows share them evenly).
+        rows: rows a tile.
+        stages: stage counts in the order tried, the first that fits the device taken.
+    """
+
+    threads: int
+    rows: int
+    stages: tuple[int, ...]
 
 
 def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
     """Whether the bulk-copy kernel's rows and row count pay its fixed cost.
 
     Rows of 16 KB or more; at many rows also fp32 LayerNorm's from 8 KB, skewed rows from
-    4 KB and skewed 16-bit rows of 2-4 KB that :func:`skewed_tile_rows` tiles.
+    4 KB and the shorter skewed 16-bit rows that :func:`skewed_tile` tiles.
     """
     row_bytes = problem.hidden * problem.itemsize
     many = _many(device, bucket)
     if problem.hidden % problem.max_vec and many:
-        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES or skewed_tile_rows(problem) > 0
+        return row_bytes >= SKEWED_BULK_MIN_ROW_BYTES or skewed_tile(problem) is not None
     if row_bytes < BULK_MIN_ROW_BYTES:
         return many and fp32_bulk_applies(problem) and row_bytes >= FP32_BULK_MIN_ROW_BYTES
     if many:
@@ -129,7 +152,8 @@ def skewed_bulk_configs(
     against 67.9%), and a cluster splits them into runs of their aligned vectors instead
     (:func:`skewed_cluster_configs`). From 4 KB, at 2^26 elements, this pick
     ran x0.90-2.2 of the row kernel's default at 23 sizes: ahead at 20, behind at bf16 8191 and
-    fp16 3001 (x0.98) and fp32 3003 (x0.90); under 4 KB it lost at bf16 513 and 1537. Its
+    fp16 3001 (x0.98) and fp32 3003 (x0.90); under 4 KB, a row a block, it lost at bf16 513
+    and 1537, where 16-bit rows now take tiles of several rows (:func:`skewed_tile`). Its
     threads are the aligned rule's: the fewest that keep a thread to 8 vectors of the row's
     span, one vector longer than the row. Two stages: the best count or within 10% of it at 9
     of 12 sizes (15% at all), where the aligned rule's four ran x0.79-0.98 of two
@@ -143,11 +167,11 @@ def skewed_bulk_configs(
         yield from skewed_cluster_configs(problem, device, bucket, row_bytes)
         return
     keep_x = keeps_x(problem, device, bucket)
-    tile_rows = skewed_tile_rows(problem)
-    if tile_rows:
-        for stages in (2, 1):
-            yield KernelConfig(SKEWED_TILE_THREADS, vec, tile_rows, "bulk", "two_pass", 1, 0,
-                               stages, keep_x=keep_x)
+    tile = skewed_tile(problem)
+    if tile is not None:
+        for stages in tile.stages:
+            yield KernelConfig(tile.threads, vec, tile.rows, "bulk", "two_pass", 1, 0, stages,
+                               keep_x=keep_x)
         return
     threads = bulk_threads(_skewed_span(problem))
     one_first = problem.residual and problem.norm != "layer"
@@ -155,30 +179,48 @@ def skewed_bulk_configs(
         yield KernelConfig(threads, vec, 1, "bulk", "two_pass", 1, 0, stages, keep_x=keep_x)
 
 
-def skewed_tile_rows(problem: Problem) -> int:
-    """Rows a bulk tile holds for a skewed 16-bit row of 2-4 KB (1025-2047 elements), or 0.
+def skewed_tile(problem: Problem) -> SkewedTile | None:
+    """The bulk tile of a skewed 16-bit row up to 4 KB (33 aligned vectors to 2047 elements).
 
-    Rows of up to SKEWED_TILE_SHORT_SPAN aligned vectors, 4 a tile of 64 threads each, in
-    LayerNorm (and after the residual add); longer ones (2041-2047 elements), 2 a tile of 128
-    threads, in every norm. The row kernel's default, a warp a row with the row in shared
-    memory, ran them at 77-88% of copy. At 2^26 elements on an H100, twice in one process
-    (``benchmarks/explore.py`` with the old default in ``--configs``), the tiles ran 2047 at
-    84-86% against 80-82% in bf16 and fp16 LayerNorm, 91-92% against 85% after the add and
-    88.5% against 84% in RMSNorm; 1031 at 85-87% against 79-80% in LayerNorm and 91% against
-    87% after the add, and 1333-1801 level with it or ahead (after the add, 1801: 88.5%
-    against 81.5%). RMSNorm's short rows keep the row kernel: the tiles ran 85-89% against its
-    88-92%. fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread
-    over runs. Not with a float32 residual beside 16-bit x: untimed.
+    Short rows, up to 2 KB, in every norm: up to SKEWED_TILE_WARP_SPAN aligned vectors a warp
+    a row, 8 rows a 256-thread tile; longer ones 64 threads a row, 2 rows a 128-thread tile;
+    one stage first. At 2^26 elements on an H100 (``benchmarks/explore.py`` with the tiles in
+    ``--configs``, twice in one process, docs/kernels.md), where the row kernel's default ran
+    56-87% of copy, the tiles ran 490 at 87-91% in LayerNorm, RMSNorm and after the add
+    (80-85% before, 70% after the add), 745 at 83-93% (79-87%), 1001 at 89-92% (80-84%) and
+    1013 at 91-92% (56-59%): the best tiles or within 7% of them. Two stages ran 3-10 points
+    behind one but in LayerNorm at 745 (1-1.5 points ahead).
+
+    Rows of 2-4 KB (1025-2047 elements): up to SKEWED_TILE_SHORT_SPAN aligned vectors, 4 a
+    tile of 64 threads each, in LayerNorm (and after the residual add); longer ones
+    (2041-2047 elements), 2 a tile of 128 threads, in every norm; two stages first. The row
+    kernel's default, a warp a row with the row in shared memory, ran them at 77-88% of copy.
+    On the H100, twice in one process, the tiles ran 2047 at 84-86% against 80-82% in bf16
+    and fp16 LayerNorm, 91-92% against 85% after the add and 88.5% against 84% in RMSNorm;
+    1031 at 85-87% against 79-80% in LayerNorm and 91% against 87% after the add, and
+    1333-1801 level with it or ahead (after the add, 1801: 88.5% against 81.5%). RMSNorm's
+    rows of up to 256 vectors keep the row kernel: the tiles ran 85-89% against its 88-92%.
+    fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread over runs.
+
+    None for rows on the vector grid, fp32, rows of SKEWED_TILE_MIN_SPAN vectors or fewer
+    and a float32 residual beside 16-bit x (untimed).
     """
     row_bytes = problem.hidden * problem.itemsize
     on_grid = problem.hidden % problem.max_vec == 0
-    if on_grid or problem.itemsize != 2 or problem.wide_residual or not (
-        SKEWED_TILE_MIN_ROW_BYTES < row_bytes < SKEWED_BULK_MIN_ROW_BYTES
-    ):
-        return 0
-    if _skewed_span(problem) > SKEWED_TILE_SHORT_SPAN:
-        return 2
-    return 4 if problem.norm == "layer" else 0
+    if on_grid or problem.itemsize != 2 or problem.wide_residual:
+        return None
+    span = _skewed_span(problem)
+    if row_bytes <= SKEWED_TILE_MIN_ROW_BYTES:
+        if span <= SKEWED_TILE_MIN_SPAN:
+            return None
+        if span <= SKEWED_TILE_WARP_SPAN:
+            return SkewedTile(SKEWED_TILE_THREADS, 8, (1, 2))
+        return SkewedTile(128, 2, (1, 2))
+    if row_bytes >= SKEWED_BULK_MIN_ROW_BYTES:
+        return None
+    if span > SKEWED_TILE_SHORT_SPAN:
+        return SkewedTile(SKEWED_TILE_THREADS, 2, (2, 1))
+    return SkewedTile(SKEWED_TILE_THREADS, 4, (2, 1)) if problem.norm == "layer" else None
 
 
 def skewed_cluster_configs(
