@@ -182,14 +182,17 @@ def skewed_bulk_configs(
 def skewed_tile(problem: Problem) -> SkewedTile | None:
     """The bulk tile of a skewed 16-bit row up to 4 KB (33 aligned vectors to 2047 elements).
 
-    Short rows, up to 2 KB, in every norm: up to SKEWED_TILE_WARP_SPAN aligned vectors a warp
-    a row, 8 rows a 256-thread tile; longer ones 64 threads a row, 2 rows a 128-thread tile;
-    one stage first. At 2^26 elements on an H100 (``benchmarks/explore.py`` with the tiles in
-    ``--configs``, twice in one process, docs/kernels.md), where the row kernel's default ran
-    56-87% of copy, the tiles ran 490 at 87-91% in LayerNorm, RMSNorm and after the add
-    (80-85% before, 70% after the add), 745 at 83-93% (79-87%), 1001 at 89-92% (80-84%) and
-    1013 at 91-92% (56-59%): the best tiles or within 7% of them. Two stages ran 3-10 points
-    behind one but in LayerNorm at 745 (1-1.5 points ahead).
+    Short rows, up to 2 KB, in LayerNorm (and after the residual add) and RMSNorm without the
+    add: up to SKEWED_TILE_WARP_SPAN aligned vectors a warp a row, 8 rows a 256-thread tile;
+    longer ones 64 threads a row, 2 rows a 128-thread tile; one stage. RMSNorm after the
+    add is untimed in these tiles (its rows of 1025-1801 elements ran 2-5 points behind the
+    row kernel in the 2-4 KB tiles below) and keeps the row kernel. At 2^26 elements on an
+    H100 (``benchmarks/explore.py`` with the tiles in ``--configs``, twice in one process,
+    docs/kernels.md), where the row kernel's default ran 56-87% of copy, the tiles ran 490 at
+    87-91% in LayerNorm, RMSNorm and LayerNorm after the add (80-85% before, 70% after the
+    add), 745 at 83-93% (79-87%), 1001 at 89-92% (80-84%) and 1013 at 91-92% (56-59%): the
+    best tiles or within 7% of them. Two stages ran 3-10 points behind one but in LayerNorm
+    at 745 (1-1.5 points ahead).
 
     Rows of 2-4 KB (1025-2047 elements): up to SKEWED_TILE_SHORT_SPAN aligned vectors, 4 a
     tile of 64 threads each, in LayerNorm (and after the residual add); longer ones
@@ -202,8 +205,8 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
     rows of up to 256 vectors keep the row kernel: the tiles ran 85-89% against its 88-92%.
     fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread over runs.
 
-    None for rows on the vector grid, fp32, rows of SKEWED_TILE_MIN_SPAN vectors or fewer
-    and a float32 residual beside 16-bit x (untimed).
+    None for rows on the vector grid, fp32, rows of SKEWED_TILE_MIN_SPAN vectors or fewer,
+    RMSNorm's short rows after the add and a float32 residual beside 16-bit x (untimed).
     """
     row_bytes = problem.hidden * problem.itemsize
     on_grid = problem.hidden % problem.max_vec == 0
@@ -211,11 +214,11 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
         return None
     span = _skewed_span(problem)
     if row_bytes <= SKEWED_TILE_MIN_ROW_BYTES:
-        if span <= SKEWED_TILE_MIN_SPAN:
+        if span <= SKEWED_TILE_MIN_SPAN or (problem.residual and problem.norm != "layer"):
             return None
         if span <= SKEWED_TILE_WARP_SPAN:
-            return SkewedTile(SKEWED_TILE_THREADS, 8, (1, 2))
-        return SkewedTile(128, 2, (1, 2))
+            return SkewedTile(SKEWED_TILE_THREADS, 8, (1,))
+        return SkewedTile(128, 2, (1,))
     if row_bytes >= SKEWED_BULK_MIN_ROW_BYTES:
         return None
     if span > SKEWED_TILE_SHORT_SPAN:
