@@ -1,8 +1,9 @@
 """Offline nvcc compilation of the defaults the few-row, skewed and long-row rules pick (no GPU).
 
 The few-row shapes hold x, the residual, weight and bias in registers (three 8-byte vectors a
-thread at 768 and 1536 in 16-bit, 512 threads at 6144 and 8192 in fp32 after the add), and
-RMSNorm after the add takes one stage of the skewed bulk kernel: each default must compile for
+thread at 768 and 1536 in 16-bit, 512 threads at 6144 and 8192 in fp32 after the add),
+RMSNorm after the add takes one stage of the skewed bulk kernel, and skewed 16-bit rows up to
+4 KB take the bulk kernel's tiles of several rows: each default must compile for
 sm_90 without local memory. Skips itself where nvcc is not installed (CI installs it).
 """
 
@@ -57,11 +58,28 @@ def long_rms_launches():
                     yield rms.problem(hidden=hidden, dtype=dtype, **form), rows
 
 
+def skewed_tile_launches():
+    """16-bit rows off the vector grid up to 4 KB at 2^26 elements: the bulk kernel's tiles of
+    several rows (a warp a row, 64 or 128 threads), in LayerNorm's forms and RMSNorm's."""
+    layer, rms = registry.get("layer_norm"), registry.get("rms_norm")
+    for dtype in ("bfloat16", "float16"):
+        for hidden in (255, 490, 506, 507, 745, 1013, 1023, 1025, 1333, 2047):
+            problems = [layer.problem(hidden=hidden, dtype=dtype, residual=residual,
+                                      has_weight=weight, has_bias=bias)
+                        for residual in (False, True)
+                        for weight, bias in ((True, True), (True, False), (False, True))]
+            problems += [rms.problem(hidden=hidden, dtype=dtype, weight_offset=offset)
+                         for offset in (False, True)]
+            for problem in problems:
+                yield problem, (1 << 26) // hidden
+
+
 @pytest.fixture(scope="module")
 def defaults():
     """The distinct default kernels of those launches."""
     kernels = {}
-    for launches in (few_row_launches(), skewed_added_launches(), long_rms_launches()):
+    for launches in (few_row_launches(), skewed_added_launches(), long_rms_launches(),
+                     skewed_tile_launches()):
         for problem, rows in launches:
             family = registry.family_of(problem)
             config = family.default(problem, H200, rows)
@@ -77,7 +95,9 @@ def test_the_defaults_cover_the_new_shapes(defaults):
                   "t128v8r1-bulk-two_pass-c1-p0-s1-k", "t1024v4r1-none-two_pass-c1-p0",
                   "t1024v8r1-none-two_pass-c1-p0", "t512v8r1-smem-two_pass-c4-p0",
                   "t512v8r1-bulk-two_pass-c8-p0-s2-k", "t512v4r1-bulk-two_pass-c8-p0-s2-k",
-                  "t512v4r1-smem-two_pass-c8-p0"):
+                  "t512v4r1-smem-two_pass-c8-p0", "t256v8r8-bulk-two_pass-c1-p0-s1-k",
+                  "t128v8r2-bulk-two_pass-c1-p0-s1-k", "t256v8r4-bulk-two_pass-c1-p0-s2-k",
+                  "t256v8r2-bulk-two_pass-c1-p0-s2-k"):
         assert label in labels
     assert len(defaults) > 150
 
