@@ -55,9 +55,9 @@ KEEP_X_L2_MULTIPLE = 2
 # BULK_ROWS_PER_SM rows an SM.
 SKEWED_BULK_MIN_ROW_BYTES = 4 * KB
 
-# Shorter skewed 16-bit rows take it with several rows a tile (see skewed_tile): up to this
-# many bytes, short ones; longer ones in tiles of SKEWED_TILE_THREADS threads.
-SKEWED_TILE_MIN_ROW_BYTES = 2 * KB
+# Shorter skewed 16-bit rows take it with several rows a tile (see skewed_tile): the short
+# rows' tiles up to this many bytes, the 2-4 KB band's of SKEWED_TILE_THREADS threads past it.
+SKEWED_TILE_SHORT_ROW_BYTES = 2 * KB
 
 SKEWED_TILE_THREADS = 256
 
@@ -65,7 +65,7 @@ SKEWED_TILE_THREADS = 256
 # longer one 128 (2 rows), so a thread holds at most 4 vectors (rules_bulk: BULK_MAX_ITERS // 2).
 SKEWED_TILE_SHORT_SPAN = 256
 
-# A short row (up to SKEWED_TILE_MIN_ROW_BYTES) of up to this many aligned vectors gets a warp,
+# A short row (up to SKEWED_TILE_SHORT_ROW_BYTES) of up to this many aligned vectors gets a warp,
 # a longer one 64 threads: two vectors a thread or a few more.
 SKEWED_TILE_WARP_SPAN = 64
 
@@ -214,7 +214,7 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
     if on_grid or problem.itemsize != 2 or problem.wide_residual:
         return None
     span = _skewed_span(problem)
-    if row_bytes <= SKEWED_TILE_MIN_ROW_BYTES:
+    if row_bytes <= SKEWED_TILE_SHORT_ROW_BYTES:
         if span < SKEWED_TILE_MIN_SPAN or (problem.residual and problem.norm != "layer"):
             return None
         if span <= SKEWED_TILE_WARP_SPAN:
