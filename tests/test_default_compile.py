@@ -63,13 +63,15 @@ def skewed_tile_launches():
     several rows (a warp a row, 64 or 128 threads), in LayerNorm's forms and RMSNorm's."""
     layer, rms = registry.get("layer_norm"), registry.get("rms_norm")
     for dtype in ("bfloat16", "float16"):
-        for hidden in (483, 490, 506, 507, 745, 1013, 1023, 1025, 1333, 2047):
+        for hidden in (293, 389, 395, 483, 490, 506, 507, 651, 745, 850, 923, 1013, 1023, 1025,
+                       1333, 2047):
             problems = [layer.problem(hidden=hidden, dtype=dtype, residual=residual,
                                       has_weight=weight, has_bias=bias)
                         for residual in (False, True)
                         for weight, bias in ((True, True), (True, False), (False, True))]
-            problems += [rms.problem(hidden=hidden, dtype=dtype, weight_offset=offset)
-                         for offset in (False, True)]
+            problems += [rms.problem(hidden=hidden, dtype=dtype, residual=residual,
+                                     weight_offset=offset)
+                         for residual in (False, True) for offset in (False, True)]
             for problem in problems:
                 yield problem, (1 << 26) // hidden
 
@@ -96,7 +98,8 @@ def test_the_defaults_cover_the_new_shapes(defaults):
                   "t1024v8r1-none-two_pass-c1-p0", "t512v8r1-smem-two_pass-c4-p0",
                   "t512v8r1-bulk-two_pass-c8-p0-s2-k", "t512v4r1-bulk-two_pass-c8-p0-s2-k",
                   "t512v4r1-smem-two_pass-c8-p0", "t256v8r8-bulk-two_pass-c1-p0-s1-k",
-                  "t128v8r2-bulk-two_pass-c1-p0-s1-k", "t256v8r4-bulk-two_pass-c1-p0-s2-k",
+                  "t128v8r2-bulk-two_pass-c1-p0-s1-k", "t256v8r4-bulk-two_pass-c1-p0-s1-k",
+                  "t256v8r4-bulk-two_pass-c1-p0-s2-k",
                   "t256v8r2-bulk-two_pass-c1-p0-s2-k"):
         assert label in labels
     assert len(defaults) > 150

@@ -452,10 +452,8 @@ def test_many_short_skewed_16_bit_rows_load_their_weights_early(dtype, hidden):
     config = default_config(Problem(hidden, dtype), H200, rows)
     assert config.cache == "registers" and config.early, config.label()
     tiled = default_config(Problem(hidden, dtype), H200, (1 << 26) // hidden)
-    if hidden < 483:  # under 62 aligned vectors: the row kernel's early loads at many rows too
-        assert tiled == dataclasses.replace(config, keep_x=True), tiled.label()
-    else:
-        assert (tiled.cache, tiled.threads, tiled.rows_per_block) == ("bulk", 256, 8), tiled.label()
+    # 52-64 aligned vectors: a warp a row in the bulk kernel's tiles at many rows
+    assert (tiled.cache, tiled.threads, tiled.rows_per_block) == ("bulk", 256, 8), tiled.label()
     longer = default_config(Problem(2 * hidden + 1, dtype), H200, rows // 2)
     assert longer.threads_per_row == 32 and not longer.early, longer.label()
     rms = registry.get("rms_norm")
@@ -522,45 +520,57 @@ def test_many_16_bit_rows_of_64_threads_run_one_a_block_or_skewed_in_tiles(
         assert fp32.cache == "bulk", fp32.label()
 
 
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+WARP, PAIR, QUAD = (256, 8), (128, 2), (256, 4)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("hidden", "tile"), [
-    (255, None),             # 33 aligned vectors: the row kernel
-    (482, None),             # 61
-    (483, (256, 8)),         # 62: a warp a row, 8 rows a tile
-    (490, (256, 8)),
-    (506, (256, 8)),         # 64
-    (507, (128, 2)),         # 65: 64 threads a row, 2 rows a tile
-    (745, (128, 2)),
-    (1013, (128, 2)),
-    (1023, (128, 2)),
+@pytest.mark.parametrize(("hidden", "tiles"), [
+    # hidden (aligned vectors spanned): LayerNorm, after the add; RMSNorm, after the add
+    (255, (None, None, None, None)),    # 33: the row kernel
+    (292, (None, None, None, None)),    # 37
+    (293, (None, WARP, None, None)),    # 38: a warp a row after the add
+    (388, (None, WARP, None, None)),    # 49
+    (389, (WARP, WARP, WARP, None)),    # 50
+    (395, (WARP, PAIR, WARP, None)),    # 51: 64 threads a row after the add
+    (484, (WARP, PAIR, WARP, None)),    # 61
+    (483, (WARP, PAIR, WARP, QUAD)),    # 62: RMSNorm after the add, 4 rows of 64 threads
+    (652, (WARP, PAIR, WARP, QUAD)),    # 82
+    (651, (WARP, PAIR, PAIR, QUAD)),    # 83: RMSNorm 64 threads a row
+    (850, (WARP, PAIR, PAIR, QUAD)),    # 107
+    (851, (WARP, PAIR, PAIR, None)),    # 108: RMSNorm after the add, the row kernel
+    (924, (WARP, PAIR, PAIR, None)),    # 116
+    (923, (PAIR, PAIR, PAIR, None)),    # 117: LayerNorm 64 threads a row
+    (1013, (PAIR, PAIR, PAIR, None)),
+    (1023, (PAIR, PAIR, PAIR, None)),
 ])
-def test_many_short_skewed_16_bit_rows_run_in_bulk_tiles_at_one_stage(op, dtype, hidden, tile):
-    # Up to 2 KB, in LayerNorm's forms and RMSNorm's without the add (a float32 residual beside
-    # 16-bit x aside): a warp a row up to 64 aligned vectors, else 64 threads, one stage; fewer
-    # than 36 rows an SM, RMSNorm after the add, fp32 and rows on the vector grid keep the row
-    # kernel.
-    family = registry.get(op)
+def test_many_short_skewed_16_bit_rows_run_in_bulk_tiles_at_one_stage(dtype, hidden, tiles):
+    # Up to 2 KB, by norm and residual add (SHORT_TILE_RULES; a float32 residual beside 16-bit
+    # x aside): a warp a row, 8 rows a 256-thread tile; 64 threads a row, 2 rows a 128-thread
+    # tile or 4 a 256-thread one; one stage. Fewer than 36 rows an SM, fp32 and rows on the
+    # vector grid keep the row kernel; the forms without weight or bias take their norm's.
     rows = (1 << 26) // hidden
-    forms = [{}, {"residual": True}, {"has_weight": False}]
-    for form in forms + ([{"has_bias": False}] if op == "layer_norm" else []):
-        problem = family.problem(hidden=hidden, dtype=dtype, **form)
-        config = family.default(problem, H200, rows)
-        if tile is None or (op == "rms_norm" and problem.residual):
-            assert config.cache != "bulk" and bulk_picks.skewed_tile(problem) is None
-            continue
-        assert (config.threads, config.rows_per_block) == tile, (form, config.label())
-        assert (config.cache, config.stages, config.cluster) == ("bulk", 1, 1), config.label()
-        assert config.threads // config.rows_per_block == (32 if tile[1] == 8 else 64)
-        assert check(config, problem, H200) == []
-        assert derive_plan(config, problem).shape.skewed
-        assert family.default(problem, H200, 4096).cache != "bulk"
-    if tile is not None:
+    expected = dict(zip([("layer_norm", False), ("layer_norm", True), ("rms_norm", False),
+                         ("rms_norm", True)], tiles, strict=True))
+    for (op, residual), tile in expected.items():
+        family = registry.get(op)
+        forms = [{}, {"has_weight": False}] + ([{"has_bias": False}] if op == "layer_norm" else [])
+        for form in forms:
+            problem = family.problem(hidden=hidden, dtype=dtype, residual=residual, **form)
+            config = family.default(problem, H200, rows)
+            if tile is None:
+                assert config.cache != "bulk" and bulk_picks.skewed_tile(problem) is None
+                continue
+            assert (config.threads, config.rows_per_block) == tile, (form, config.label())
+            assert (config.cache, config.stages, config.cluster) == ("bulk", 1, 1), config.label()
+            assert config.threads // config.rows_per_block == (32 if tile == WARP else 64)
+            assert check(config, problem, H200) == []
+            assert derive_plan(config, problem).shape.skewed
+            assert family.default(problem, H200, 4096).cache != "bulk"
         wide = family.problem(hidden=hidden, dtype=dtype, residual=True,
                               residual_dtype="float32")
         assert bulk_picks.skewed_tile(wide) is None
         assert family.default(wide, H200, rows).cache != "bulk"
-    fp32 = family.problem(hidden=hidden, dtype="float32")
-    assert family.default(fp32, H200, rows).cache != "bulk"
-    aligned = family.problem(hidden=hidden // 8 * 8, dtype=dtype)
-    assert family.default(aligned, H200, (1 << 26) // aligned.hidden).cache != "bulk"
+        fp32 = family.problem(hidden=hidden, dtype="float32", residual=residual)
+        assert family.default(fp32, H200, rows).cache != "bulk"
+        aligned = family.problem(hidden=hidden // 8 * 8, dtype=dtype, residual=residual)
+        assert family.default(aligned, H200, (1 << 26) // aligned.hidden).cache != "bulk"

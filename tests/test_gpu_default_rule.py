@@ -52,3 +52,38 @@ def test_untuned_picks_compile_clean_and_verify(dtype: str) -> None:
             failures.append(f"{problem.hidden} {config.label()} ({source}): {local} B local, "
                             f"{result.summary()}")
     assert not failures, "\n".join(failures)
+
+
+# Short skewed 16-bit rows about each bound of bulk_picks.SHORT_TILE_RULES (and past it).
+SHORT_SKEWED = (293, 389, 395, 483, 651, 850, 923)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_short_skewed_tiles_verify_in_every_norm_form(dtype: str) -> None:
+    # Each norm with and without the residual add, at 2^26 elements: the tile each form takes
+    # compiles without spills and verifies against float64.
+    from autonorm.ops import registry
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
+    from autonorm.runtime.device import query_device
+
+    limits = query_device().limits()
+    work = []
+    for op in ("layer_norm", "rms_norm"):
+        family = registry.get(op)
+        for hidden in SHORT_SKEWED:
+            for residual in (False, True):
+                problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
+                config = family.default(problem, limits, 2**26 // hidden)
+                if config.cache == "bulk":
+                    work.append((problem, family.render(config, problem, limits)))
+    assert len(work) >= 20
+    failures = []
+    for problem, rendered in work:
+        kernel = compiler.compile_kernel(rendered)
+        local = int(kernel.attributes.get("local_size_bytes", 0))
+        result = verify(kernel, problem)
+        if local or not result.ok:
+            failures.append(f"{problem.describe()} {rendered.config.label()}: {local} B local, "
+                            f"{result.summary()}")
+    assert not failures, "\n".join(failures)

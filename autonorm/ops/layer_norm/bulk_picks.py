@@ -65,14 +65,6 @@ SKEWED_TILE_THREADS = 256
 # longer one 128 (2 rows), so a thread holds at most 4 vectors (rules_bulk: BULK_MAX_ITERS // 2).
 SKEWED_TILE_SHORT_SPAN = 256
 
-# A short row (up to SKEWED_TILE_SHORT_ROW_BYTES) of up to this many aligned vectors gets a warp,
-# a longer one 64 threads: two vectors a thread or a few more.
-SKEWED_TILE_WARP_SPAN = 64
-
-# Short rows of fewer aligned vectors than this keep the row kernel (untimed in tiles: 490,
-# the shortest timed, spans 62).
-SKEWED_TILE_MIN_SPAN = 62
-
 
 @dataclass(frozen=True)
 class SkewedTile:
@@ -87,6 +79,46 @@ class SkewedTile:
     threads: int
     rows: int
     stages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShortTileRule:
+    """Which short skewed 16-bit rows (up to SKEWED_TILE_SHORT_ROW_BYTES) of one norm form tile.
+
+    Attributes:
+        first_span: the fewest aligned vectors a row spans to take a tile; shorter rows keep
+            the row kernel.
+        warp_span: the most aligned vectors a row spans to run a warp a row (WARP_TILE).
+        longer: the tile of rows that span more.
+        last_span: the most aligned vectors a row spans to take a tile (None: every short row);
+            longer rows keep the row kernel.
+    """
+
+    first_span: int
+    warp_span: int
+    longer: SkewedTile
+    last_span: int | None = None
+
+
+# A warp a row, 8 rows a 256-thread tile; 64 threads a row, 2 rows a 128-thread tile or 4 rows
+# a 256-thread one. One stage each: two ran 3-10 points behind (docs/kernels.md).
+WARP_TILE = SkewedTile(SKEWED_TILE_THREADS, 8, (1,))
+PAIR_TILE = SkewedTile(128, 2, (1,))
+QUAD_TILE = SkewedTile(SKEWED_TILE_THREADS, 4, (1,))
+
+# Short skewed rows' tiles by (norm, residual add). Each bound lies between two rows timed on
+# an H100 at 2^26 elements (aligned vectors spanned: 300 spans 38, 390 50, 490 62, 555 71, 745
+# 94, 850 107, 1001 126; docs/kernels.md): LayerNorm ran 390-850 fastest a warp a row and
+# 1001-1019 64 threads a row; after the add 300 a warp a row and 490-1001 64 threads a row;
+# RMSNorm 490-555 a warp a row and 745-1019 64 threads a row, at 300 level with the row kernel;
+# RMSNorm after the add 490 and 850 four rows of 64 threads (untimed past 850, where the 2-4 KB
+# tiles ran behind the row kernel). The row kernel kept LayerNorm's 257 and 300.
+SHORT_TILE_RULES = {
+    ("layer", False): ShortTileRule(first_span=50, warp_span=116, longer=PAIR_TILE),
+    ("layer", True): ShortTileRule(first_span=38, warp_span=50, longer=PAIR_TILE),
+    ("rms", False): ShortTileRule(first_span=50, warp_span=82, longer=PAIR_TILE),
+    ("rms", True): ShortTileRule(first_span=62, warp_span=0, longer=QUAD_TILE, last_span=107),
+}
 
 
 def bulk_pays(problem: Problem, device: DeviceLimits, bucket: int) -> bool:
@@ -181,19 +213,19 @@ def skewed_bulk_configs(
 
 
 def skewed_tile(problem: Problem) -> SkewedTile | None:
-    """The bulk tile of a skewed 16-bit row up to 4 KB (62 aligned vectors to 2047 elements).
+    """The bulk tile of a skewed 16-bit row up to 4 KB (2047 elements), or None.
 
-    Short rows, up to 2 KB, in LayerNorm (and after the residual add) and RMSNorm without the
-    add: up to SKEWED_TILE_WARP_SPAN aligned vectors a warp a row, 8 rows a 256-thread tile;
-    longer ones 64 threads a row, 2 rows a 128-thread tile; one stage. RMSNorm after the
-    add is untimed in these tiles (its rows of 1025-1801 elements ran 2-5 points behind the
-    row kernel in the 2-4 KB tiles below) and keeps the row kernel. At 2^26 elements on an
-    H100 (``benchmarks/explore.py`` with the tiles in ``--configs``, twice in one process,
-    docs/kernels.md), where the row kernel's default ran 56-87% of copy, the tiles ran 490 at
-    87-91% in LayerNorm, RMSNorm and LayerNorm after the add (80-85% before, 70% after the
-    add), 745 at 83-93% (79-87%), 1001 at 89-92% (80-84%) and 1013 at 91-92% (56-59%): the
-    best tiles or within 7% of them. Two stages ran 3-10 points behind one but in LayerNorm
-    at 745 (1-1.5 points ahead).
+    Short rows, up to 2 KB: by norm and residual add, as SHORT_TILE_RULES bounds them by the
+    aligned vectors a row spans (a warp a row; 64 threads a row, 2 or 4 rows a tile; one
+    stage). At 2^26 elements on an H100 (``benchmarks/explore.py`` with the tiles and the row
+    kernel's shapes in ``--configs``, docs/kernels.md), where the row kernel's default ran
+    52-87% of copy at 390-1013, the rule's tiles ran 78-93%: LayerNorm 390 at 80.5% (51.6%),
+    555 at 77.6% (58.3%), 1013 at 91.5% (58.8%); LayerNorm after the add 490 at 92.4% (69.6%);
+    RMSNorm 555 at 84.3% (76.4%); RMSNorm after the add 850 at 88.0% (73.9%). The rule's tile
+    was the fastest of the sweep or within 5% of it at each timed row (LayerNorm's 555 the
+    furthest: 77.6% against 81.5% for 4 rows a 128-thread tile). Two stages ran 3-10 points
+    behind one but in LayerNorm at 745 (1-1.5 points ahead). Shorter rows keep the row kernel:
+    at 257 and 300 it ran 63-73% in LayerNorm against the tiles' 57-69%.
 
     Rows of 2-4 KB (1025-2047 elements): up to SKEWED_TILE_SHORT_SPAN aligned vectors, 4 a
     tile of 64 threads each, in LayerNorm (and after the residual add); longer ones
@@ -206,8 +238,8 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
     rows of up to 256 vectors keep the row kernel: the tiles ran 85-89% against its 88-92%.
     fp16 1025 ran 82-84% against 79%; bf16 1025 70-82% against 68-79%, both spread over runs.
 
-    None for rows on the vector grid, fp32, rows of fewer than SKEWED_TILE_MIN_SPAN vectors,
-    RMSNorm's short rows after the add and a float32 residual beside 16-bit x (untimed).
+    None for rows on the vector grid, fp32, short rows SHORT_TILE_RULES leaves to the row kernel
+    and a float32 residual beside 16-bit x (untimed).
     """
     row_bytes = problem.hidden * problem.itemsize
     on_grid = problem.hidden % problem.max_vec == 0
@@ -215,11 +247,10 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
         return None
     span = _skewed_span(problem)
     if row_bytes <= SKEWED_TILE_SHORT_ROW_BYTES:
-        if span < SKEWED_TILE_MIN_SPAN or (problem.residual and problem.norm != "layer"):
+        rule = SHORT_TILE_RULES[problem.norm, problem.residual]
+        if span < rule.first_span or (rule.last_span is not None and span > rule.last_span):
             return None
-        if span <= SKEWED_TILE_WARP_SPAN:
-            return SkewedTile(SKEWED_TILE_THREADS, 8, (1,))
-        return SkewedTile(128, 2, (1,))
+        return WARP_TILE if span <= rule.warp_span else rule.longer
     if row_bytes >= SKEWED_BULK_MIN_ROW_BYTES:
         return None
     if span > SKEWED_TILE_SHORT_SPAN:

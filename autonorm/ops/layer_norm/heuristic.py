@@ -64,7 +64,8 @@ Rows off the vector grid (skewed rows, docs/kernels.md) take the unclustered bul
 64 KB a row, at two stages, at 36 or more rows an SM from 4 KB a row, where the row kernel runs
 them 1.1x-2.2x slower at most sizes, and 16-bit ones of 2-4 KB in tiles of several rows
 (LayerNorm's, and RMSNorm's past 256 aligned vectors; H100: 1031 from 80% of copy to 86%), and
-shorter 16-bit ones in tiles too, but RMSNorm's after the add (H100: 1013 from 57% to 91%);
+shorter 16-bit ones in tiles too, from 38-62 aligned vectors by norm (H100: 1013 from 57% to
+91%, 390 from 52% to 80%);
 from one row an SM, past 64 KB and up to 256 KB without the residual add, a cluster of it in
 runs of their aligned vectors. fp32 LayerNorm rows of
 8-24 KB at 36 or more rows an SM take the bulk kernel at two stages. The bulk picks are
