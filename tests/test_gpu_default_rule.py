@@ -22,8 +22,6 @@ def test_untuned_picks_compile_clean_and_verify(dtype: str) -> None:
     from autonorm import lookup
     from autonorm.ops import layer_norm as codegen
     from autonorm.ops.layer_norm.heuristic import default_config
-    from autonorm.ops.layer_norm.verify import verify
-    from autonorm.runtime import compiler
     from autonorm.runtime.device import query_device
     from autonorm.store.db import TuningDB
 
@@ -43,14 +41,25 @@ def test_untuned_picks_compile_clean_and_verify(dtype: str) -> None:
     finally:
         for store in stores:
             store.close()
+    assert_clean_and_verified(
+        [(problem, codegen.render(config, problem, limits), source)
+         for (problem, config), source in picks.items()])
+
+
+def assert_clean_and_verified(work: list) -> None:
+    """Compile each ``(problem, rendered, source)`` of ``work``; fail naming every kernel that
+    spills to local memory or does not verify against float64."""
+    from autonorm.ops.layer_norm.verify import verify
+    from autonorm.runtime import compiler
+
     failures = []
-    for (problem, config), source in picks.items():
-        kernel = compiler.compile_kernel(codegen.render(config, problem, limits))
+    for problem, rendered, source in work:
+        kernel = compiler.compile_kernel(rendered)
         local = int(kernel.attributes.get("local_size_bytes", 0))
         result = verify(kernel, problem)
         if local or not result.ok:
-            failures.append(f"{problem.hidden} {config.label()} ({source}): {local} B local, "
-                            f"{result.summary()}")
+            failures.append(f"{problem.describe()} {rendered.config.label()} ({source}): "
+                            f"{local} B local, {result.summary()}")
     assert not failures, "\n".join(failures)
 
 
@@ -63,8 +72,6 @@ def test_short_skewed_tiles_verify_in_every_norm_form(dtype: str) -> None:
     # Each norm with and without the residual add, at 2^26 elements: the tile each form takes
     # compiles without spills and verifies against float64.
     from autonorm.ops import registry
-    from autonorm.ops.layer_norm.verify import verify
-    from autonorm.runtime import compiler
     from autonorm.runtime.device import query_device
 
     limits = query_device().limits()
@@ -76,14 +83,6 @@ def test_short_skewed_tiles_verify_in_every_norm_form(dtype: str) -> None:
                 problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
                 config = family.default(problem, limits, 2**26 // hidden)
                 if config.cache == "bulk":
-                    work.append((problem, family.render(config, problem, limits)))
+                    work.append((problem, family.render(config, problem, limits), "default"))
     assert len(work) >= 20
-    failures = []
-    for problem, rendered in work:
-        kernel = compiler.compile_kernel(rendered)
-        local = int(kernel.attributes.get("local_size_bytes", 0))
-        result = verify(kernel, problem)
-        if local or not result.ok:
-            failures.append(f"{problem.describe()} {rendered.config.label()}: {local} B local, "
-                            f"{result.summary()}")
-    assert not failures, "\n".join(failures)
+    assert_clean_and_verified(work)
