@@ -566,10 +566,11 @@ def test_many_short_skewed_16_bit_rows_run_in_bulk_tiles_at_one_stage(dtype, hid
             assert check(config, problem, H200) == []
             assert derive_plan(config, problem).shape.skewed
             assert family.default(problem, H200, 4096).cache != "bulk"
-        wide = family.problem(hidden=hidden, dtype=dtype, residual=True,
-                              residual_dtype="float32")
-        assert bulk_picks.skewed_tile(wide) is None
-        assert family.default(wide, H200, rows).cache != "bulk"
+        if residual:
+            wide = family.problem(hidden=hidden, dtype=dtype, residual=True,
+                                  residual_dtype="float32")
+            assert bulk_picks.skewed_tile(wide) is None
+            assert family.default(wide, H200, rows).cache != "bulk"
         fp32 = family.problem(hidden=hidden, dtype="float32", residual=residual)
         assert family.default(fp32, H200, rows).cache != "bulk"
         aligned = family.problem(hidden=hidden // 8 * 8, dtype=dtype, residual=residual)

@@ -55,7 +55,7 @@ def assert_clean_and_verified(work: list) -> None:
     failures = []
     for problem, rendered, source in work:
         kernel = compiler.compile_kernel(rendered)
-        local = int(kernel.attributes.get("local_size_bytes", 0))
+        local = compiler.local_bytes(kernel)
         result = verify(kernel, problem)
         if local or not result.ok:
             failures.append(f"{problem.describe()} {rendered.config.label()} ({source}): "
