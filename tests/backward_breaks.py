@@ -73,13 +73,16 @@ GROUPS_BREAKS: dict[str, tuple[Edit, ...]] = {
 }
 
 # A held bulk kernel whose column sums are formed again from the rows (acc="reread"), and what
-# breaks there: the tiles summing half the rows, or each row with its neighbour's statistics.
+# breaks there: the tiles summing half the rows, each row with its neighbour's statistics, or
+# the rows of a warp's vector loads left unmet (only every vec-th row summed).
 REREAD_FORM = "reread"
 BROKEN_CONFIGS[REREAD_FORM] = {"threads": 256, "vec": 4, "cache": "bulk", "acc": "reread",
                                "blocks_per_sm": 1, "stages": 2, "hold": True}
 REREAD_BREAKS: dict[str, tuple[Edit, ...]] = {
     "reread-half-rows": (("p < rows; p += NW", "p < (rows + 1) / 2; p += NW"),),
     "reread-next-stats": (("__ldcg(stats + p)", "__ldcg(stats + (p + 1) % rows)"),),
+    "reread-rows-unmet": (("for (int o = LPR; o < 32; o <<= 1)",
+                           "for (int o = LPR; o < LPR; o <<= 1)"),),
 }
 
 ALL_BREAKS = {**BREAKS, **BULK_BREAKS, **LANES_BREAKS, **GROUPS_BREAKS, **REREAD_BREAKS}
