@@ -9,9 +9,10 @@ user first, the order is:
 3. a neighbour's winner, carried over: the user's, then the shipped ones, of the other
    problems of the family that the family lets lend to this one (its optional
    ``neighbour_distance``: for LayerNorm the same dtype and affine flags, a hidden size less
-   than 2x away) timed within ``NEIGHBOUR_MAX_OCTAVES`` of the middle of this rows bucket; the
-   nearest shape first (the family's distance plus the octaves between the row counts); the
-   first whose configuration the family's rules accept for this problem;
+   than 2x away on the same side of the vector grid) timed within ``NEIGHBOUR_MAX_OCTAVES``
+   of the middle of this rows bucket; the nearest shape first (the family's distance plus the
+   octaves between the row counts); the first whose configuration the family's rules accept
+   for this problem;
 4. the family's default configuration for the row count, sound for any problem.
 
 Without a row count (an export of "the" kernel of a problem) each database offers its winners

@@ -73,12 +73,27 @@ def test_the_family_measures_the_hidden_sizes_log_ratio():
     assert FAMILY.neighbour_distance(bf16, Problem(5000)) == pytest.approx(math.log2(5000 / 4096))
     assert FAMILY.neighbour_distance(Problem(5000), bf16) == FAMILY.neighbour_distance(
         bf16, Problem(5000))
-    assert FAMILY.neighbour_distance(bf16, Problem(8191)) is not None
+    assert FAMILY.neighbour_distance(bf16, Problem(8184)) is not None
     assert FAMILY.neighbour_distance(bf16, Problem(8192)) is None  # 2x: too far
     assert FAMILY.neighbour_distance(bf16, Problem(2048)) is None
     assert FAMILY.neighbour_distance(bf16, Problem(5000, "float16")) is None
     assert FAMILY.neighbour_distance(bf16, Problem(5000, has_weight=False)) is None
     assert FAMILY.neighbour_distance(bf16, Problem(5000, has_bias=False)) is None
+
+
+def test_sizes_on_the_vector_grid_and_off_it_do_not_lend_to_each_other(user):
+    # Off the 16-byte grid the same configuration runs the skewed paths: another kernel.
+    bf16, fp32 = Problem(4096), Problem(4096, "float32")
+    assert FAMILY.neighbour_distance(bf16, Problem(4100)) is None  # 4100 % 8: skewed in 16-bit
+    assert FAMILY.neighbour_distance(Problem(4100), bf16) is None
+    assert FAMILY.neighbour_distance(Problem(4100), Problem(4099)) == pytest.approx(
+        math.log2(4100 / 4099))
+    assert FAMILY.neighbour_distance(fp32, Problem(4100, "float32")) is not None  # 4100 % 4 == 0
+    assert FAMILY.neighbour_distance(fp32, Problem(4099, "float32")) is None
+    put(user, bf16, ROW, 4096)
+    choice = lookup.choose(Problem(4100), 4096, DEVICE, [user])
+    assert choice == lookup.Choice(default_config(Problem(4100), H200, 4096), "default")
+    assert lookup.choose(Problem(4104), 4096, DEVICE, [user]).source == "user-neighbour"
 
 
 def test_the_nearest_hidden_size_lends_its_winner(user):

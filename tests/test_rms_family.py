@@ -111,6 +111,8 @@ def test_neighbours_lend_only_within_the_same_weight_form():
     assert FAMILY.neighbour_distance(Problem(3000, "bf16", residual=True),
                                      Problem(4096, "bf16", residual=True)) is not None
     assert FAMILY.neighbour_distance(p, Problem(8192, "bf16")) is None
+    assert FAMILY.neighbour_distance(p, Problem(3001, "bf16")) is None  # off the vector grid
+    assert FAMILY.neighbour_distance(Problem(3001, "bf16"), Problem(4097, "bf16")) is not None
 
 
 def test_bytes_moved_count_x_y_and_the_weight_once():

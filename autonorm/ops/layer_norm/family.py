@@ -41,6 +41,23 @@ RESIDUAL_ABI = KernelABI("QQQQQQif", rows_index=6, workspace=True)
 NEIGHBOUR_MAX_RATIO = 2.0
 
 
+def hidden_octaves(problem: Problem, other: Problem) -> float | None:
+    """Return how many octaves apart two hidden sizes are, or None where no winner may lend.
+
+    Sizes 2x apart or more do not lend (:data:`NEIGHBOUR_MAX_RATIO`), nor do a size on the
+    16-byte vector grid and one off it: off the grid the same configuration runs the skewed
+    paths (docs/kernels.md), another kernel than the one that was timed. On the H200, at the
+    shapes nobody tuned, an aligned size's winner carried to 26531 ran 0.67-0.78x the default's
+    speed (fp32 at 2^26 elements, 16-bit and fp32 at one row), while among sizes on the grid the
+    carried winners ran 0.92-1.17x, 1.00x by geometric mean (docs/tuning.md, lookup).
+    """
+    grid = 16 // problem.itemsize
+    if (problem.hidden % grid == 0) != (other.hidden % grid == 0):
+        return None
+    distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
+    return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
+
+
 class LayerNormFamily:
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over each row."""
 
@@ -140,15 +157,15 @@ class LayerNormFamily:
 
         Problems of the same dtype, affine flags and residual add (which moves twice the bytes,
         through other caches) lend their winners across hidden sizes less than
-        :data:`NEIGHBOUR_MAX_RATIO` apart; the distance is the ratio's log2 (octaves).
+        :data:`NEIGHBOUR_MAX_RATIO` apart, both on the vector grid or both off it
+        (:func:`hidden_octaves`); the distance is the ratio's log2 (octaves).
         """
         same = (problem.dtype, problem.has_weight, problem.has_bias, problem.residual,
                 problem.residual_dtype)
         if (other.dtype, other.has_weight, other.has_bias, other.residual,
                 other.residual_dtype) != same:
             return None
-        distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
-        return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
+        return hidden_octaves(problem, other)
 
     def seeds(
         self, problem: Problem, device: DeviceLimits, rows: int | None = None

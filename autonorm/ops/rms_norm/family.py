@@ -7,14 +7,13 @@ export launcher, and overrides what names or sizes the problem.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from autonorm.dtypes import SHORT_DTYPES
 from autonorm.ops.layer_norm.family import (  # noqa: F401 - RESIDUAL_ABI: the family's too
-    NEIGHBOUR_MAX_RATIO,
     RESIDUAL_ABI,
     LayerNormFamily,
+    hidden_octaves,
 )
 from autonorm.ops.rms_norm.problem import Problem
 
@@ -35,16 +34,16 @@ class RMSNormFamily(LayerNormFamily):
         """Return how far ``other``'s winners are from ``problem`` in octaves, or None.
 
         Problems with the same dtype, weight form and residual add (which moves twice the
-        bytes, through other caches) lend their winners across hidden sizes less than
-        :data:`~autonorm.ops.layer_norm.family.NEIGHBOUR_MAX_RATIO` apart.
+        bytes, through other caches) lend their winners across hidden sizes less than 2x
+        apart, both on the vector grid or both off it
+        (:func:`~autonorm.ops.layer_norm.family.hidden_octaves`).
         """
         same = (problem.dtype, problem.has_weight, problem.weight_offset, problem.residual,
                 problem.residual_dtype)
         if (other.dtype, other.has_weight, other.weight_offset, other.residual,
                 other.residual_dtype) != same:
             return None
-        distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
-        return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None
+        return hidden_octaves(problem, other)
 
     def export_basename(self, problem: Problem) -> str:
         """Return the default file stem of an export, e.g. ``autonorm_rms_bf16_h4096``."""
