@@ -87,6 +87,19 @@ def main(argv: list[str] | None = None) -> int:
             f.name for f in dataclasses.fields(family.problem(hidden=1024, dtype="float32"))}:
         print(f"explore: --no-bias: {args.op} has no bias", file=sys.stderr)
         return 2
+    extra = []
+    if args.configs:
+        from autonorm.runtime.limits import H200
+
+        known = set(family.default(family.problem(hidden=1024, dtype="float32"), H200).to_dict())
+        for data in json.loads(args.configs):
+            unknown = sorted(set(data) - known)
+            if unknown:
+                # config_from_dict ignores unknown keys: a misspelt field would run the default.
+                print(f"explore: --configs: {args.op} has no field {', '.join(unknown)}",
+                      file=sys.stderr)
+                return 2
+            extra.append(family.config_from_dict(data))
     from autonorm.dtypes import normalize_dtype
     from autonorm.runtime.compiler import CompilePool
     from autonorm.runtime.device import query_device
@@ -96,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     limits = query_device().limits()
     pool = CompilePool()
-    extra = [family.config_from_dict(d) for d in json.loads(args.configs)] if args.configs else []
     records: list[dict] = []
     fields: dict = {"residual": True} if args.residual else {}
     if args.no_bias:

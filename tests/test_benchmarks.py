@@ -93,6 +93,8 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert explore.parse_args(["--no-bias"]).no_bias and not explore.parse_args([]).no_bias
     assert explore.main(["--op", "rms_norm_backward", "--no-bias"]) == 2
     assert "rms_norm_backward has no bias" in capsys.readouterr().err
+    assert explore.main(["--configs", '[{"threads": 64, "stat": "two_pass"}]']) == 2
+    assert "layer_norm has no field stat" in capsys.readouterr().err
     for argv, message in ((["--rows", "0"], "--rows must be >= 1, got 0"),
                           (["--rows", "8", "--elements", "64"], "not allowed with argument")):
         with pytest.raises(SystemExit):
