@@ -70,7 +70,7 @@ from peerbench.untuned_shapes import (  # noqa: E402
     shipped_hidden_sizes,
 )
 from peerbench.untuned_tables import format_report  # noqa: E402
-from peerbench.untuned_tuning import tune_bulk  # noqa: E402
+from peerbench.untuned_tuning import copy_database, tune_bulk  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,18 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         tuned: set[tuple[str, int]] = set()
         if "tuned" in args.modes or args.tune_only:
             to_tune = [c for c in bulk if args.tune_odd or not c.odd]
-            if args.tuned_db is not None and args.tuned_db.exists():
-                shutil.copy(args.tuned_db, modes.tuned_db)
-                log(f"tuned mode: winners from {args.tuned_db} (no tuning)")
-                tuned = {(c.dtype, c.hidden) for c in to_tune}
-            else:
-                log(f"tuning {len(to_tune)} bulk shapes, {args.tune_timeout:g} s of search "
-                    f"each, into {modes.tuned_db}")
-                tuning = tune_bulk(to_tune, args, modes, deadline, log)
-                meta["tuning_s"] = time.perf_counter() - start
-                tuned = {(t["dtype"], t["hidden"]) for t in tuning if t["status"] != "skipped"}
-                if args.tuned_db is not None:
-                    shutil.copy(modes.tuned_db, args.tuned_db)
+            # Tuned straight into --tuned-db where given: each winner is committed as it is
+            # found, so a run cut short keeps them and the next one tunes only the rest.
+            target = args.tuned_db or modes.tuned_db
+            log(f"tuning {len(to_tune)} bulk shapes, {args.tune_timeout:g} s of search "
+                f"each, into {target} (shapes it holds a winner of are kept)")
+            tuning = tune_bulk(to_tune, args, modes, deadline, log, target)
+            meta["tuning_s"] = time.perf_counter() - start
+            tuned = {(t["dtype"], t["hidden"]) for t in tuning if t["status"] != "skipped"}
+            if args.tuned_db is not None and not args.tune_only:
+                copy_database(args.tuned_db, modes.tuned_db)
             if args.tune_only:
                 write_results(args.json, meta, tuning, records, None)
                 return 0

@@ -264,3 +264,20 @@ def test_bad_arguments_end_in_one_line_naming_the_flag(argv, flag):
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("untuned.py: error:") and flag in last
     assert "Traceback" not in run.stderr
+
+
+def test_the_tuned_database_is_copied_with_its_write_ahead_log(tmp_path: Path) -> None:
+    from peerbench.untuned_tuning import copy_database
+
+    from autonorm.ops.layer_norm.problem import Problem
+    from autonorm.store.db import TuningDB, TuningKey
+
+    source, copy = tmp_path / "tuned.db", tmp_path / "copy.db"
+    key = TuningKey.for_problem("gpu-test", Problem(4104), 16384)
+    with TuningDB(source) as db:
+        db.set_winner(key, {"threads": 256}, {"share": 0.9}, "0" * 64)
+        # Still open: the winner's pages are in tuned.db-wal, not yet in tuned.db.
+        assert (tmp_path / "tuned.db-wal").stat().st_size > 0
+        copy_database(source, copy)
+    with TuningDB(copy) as db:
+        assert db.get_winner(key).metrics == {"share": 0.9}

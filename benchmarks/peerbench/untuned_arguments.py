@@ -75,8 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tune-trials", type=int, default=40,
                    help="candidates measured at most per bulk shape (default 40)")
     p.add_argument("--tuned-db", type=Path, default=None,
-                   help="the tuned mode's database: reused where it exists (no tuning), "
-                        "else written after tuning, for a later run")
+                   help="the tuned mode's database, tuned into as each shape finishes: "
+                        "shapes it already holds a current winner of are not tuned again, "
+                        "so a run cut short resumes")
     p.add_argument("--tune-only", action="store_true",
                    help="tune (into --tuned-db) and exit without measuring")
     p.add_argument("--budget-s", type=float, default=0.0,

@@ -1,9 +1,12 @@
-"""untuned.py's tuned mode: each bulk shape tuned into a temporary user database."""
+"""untuned.py's tuned mode: each bulk shape tuned into the tuned mode's user database."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sqlite3
 import time
+from pathlib import Path
 
 from .failures import short_error
 from .untuned_modes import Modes
@@ -11,16 +14,28 @@ from .untuned_shapes import Case
 from .untuned_tables import number_or_dash
 
 
+def copy_database(source: Path, target: Path) -> None:
+    """Copy a SQLite database whole, pages still in its write-ahead log included."""
+    with contextlib.closing(sqlite3.connect(source)) as src, \
+            contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 def tune_bulk(cases: list[Case], args: argparse.Namespace, modes: Modes, deadline: float,
-              log) -> list[dict]:
-    """Tune each bulk shape into the temporary user database; one record per shape."""
+              log, target: Path) -> list[dict]:
+    """Tune each bulk shape into ``target``; one record per shape.
+
+    A shape ``target`` already holds a winner of on this GPU is kept as it is (status
+    ``kept``), so a run cut short by its time limit resumes where it stopped.
+    """
     import optuna
     from tune_grid import WarmIsolated
 
     from autonorm.dtypes import normalize_dtype
+    from autonorm.lookup import USABLE, verdict
     from autonorm.ops import registry
     from autonorm.runtime.device import query_device
-    from autonorm.store.db import TuningDB
+    from autonorm.store.db import TuningDB, TuningKey
     from autonorm.tune.search import TuneSettings
     from autonorm.tune.session import tune_and_store
 
@@ -34,17 +49,26 @@ def tune_bulk(cases: list[Case], args: argparse.Namespace, modes: Modes, deadlin
     studies = modes.tuned_db.parent / "studies"
     studies.mkdir(exist_ok=True)
     out = []
-    with TuningDB(modes.tuned_db) as db:
+    with TuningDB(target) as db:
         for case in cases:
             rec = {"dtype": case.dtype, "hidden": case.hidden, "rows": case.rows,
                    "status": "skipped", "label": None, "share": None, "evaluated": None,
                    "seconds": None, "error": None}
             out.append(rec)
+            problem = family.problem(hidden=case.hidden, dtype=normalize_dtype(case.dtype))
+            held = db.get_winner(TuningKey.for_problem(info.fingerprint, problem, case.rows))
+            # A winner this code renders another kernel for (or refuses) is tuned again.
+            status, config = (verdict(held, problem, info.limits()) if held is not None
+                              else (None, None))
+            if status == USABLE:
+                share = held.metrics.get("share") if isinstance(held.metrics, dict) else None
+                rec.update(status="kept", share=share, label=config.label())
+                log(f"tuned {case.label()}: {rec['label']} (in {target} already)")
+                continue
             if time.perf_counter() > deadline:
                 continue
             started = time.perf_counter()
             try:
-                problem = family.problem(hidden=case.hidden, dtype=normalize_dtype(case.dtype))
                 tuned = tune_and_store(problem, case.rows, settings=settings, device=info,
                                        storage=str(studies), store=db,
                                        evaluator_factory=factory, quiet=True)
