@@ -281,3 +281,47 @@ def test_the_tuned_database_is_copied_with_its_write_ahead_log(tmp_path: Path) -
         copy_database(source, copy)
     with TuningDB(copy) as db:
         assert db.get_winner(key).metrics == {"share": 0.9}
+
+
+def test_tuning_keeps_the_current_winners_it_holds_and_tunes_the_rest(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    # The GPU's half faked at its seams: the device query, and the tuner (which records the
+    # shapes it was asked for). A held, current winner is kept; a stale one is tuned again.
+    import argparse
+    import types
+
+    from peerbench import untuned_tuning
+    from test_cli_errors import H200 as INFO
+
+    import autonorm.runtime.device as device
+    import autonorm.tune.session as session
+    from autonorm import lookup
+    from autonorm.ops.layer_norm.family import FAMILY
+    from autonorm.ops.layer_norm.problem import Problem
+    from autonorm.runtime.limits import H200
+    from autonorm.store.db import TuningDB, TuningKey
+
+    monkeypatch.setattr(device, "query_device", lambda: INFO)
+    asked = []
+
+    def tune_and_store(problem, rows, **_):
+        asked.append(problem.hidden)
+        return types.SimpleNamespace(stored=False, evaluated=0, config=None, timing=None,
+                                     failures={"fake": 1})
+
+    monkeypatch.setattr(session, "tune_and_store", tune_and_store)
+    cases = [untuned_shapes.Case("bf16", h, 2**26 // h, "bulk") for h in (1072, 2416, 4360)]
+    target = tmp_path / "tuned.db"
+    with TuningDB(target) as db:
+        for hidden, kernel in ((1072, None), (2416, "0" * 64)):  # current, then stale
+            problem = Problem(hidden, "bfloat16")
+            config = FAMILY.default(problem, H200, 2**26 // hidden)
+            key = TuningKey.for_problem(INFO.fingerprint, problem, 2**26 // hidden)
+            db.set_winner(key, config.to_dict(), {"share": 0.9},
+                          kernel or lookup.kernel_of(config, problem, H200))
+    args = argparse.Namespace(tune_trials=1, tune_timeout=1.0, seed=0)
+    modes = untuned_modes.Modes(tmp_path)
+    records = untuned_tuning.tune_bulk(cases, args, modes, math.inf, lambda _: None, target)
+    assert [r["status"] for r in records] == ["kept", "error", "error"]
+    assert records[0]["share"] == 0.9 and records[0]["label"]
+    assert asked == [2416, 4360]
