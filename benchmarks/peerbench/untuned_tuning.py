@@ -25,8 +25,9 @@ def tune_bulk(cases: list[Case], args: argparse.Namespace, modes: Modes, deadlin
               log, target: Path) -> list[dict]:
     """Tune each bulk shape into ``target``; one record per shape.
 
-    A shape ``target`` already holds a winner of on this GPU is kept as it is (status
-    ``kept``), so a run cut short by its time limit resumes where it stopped.
+    A shape ``target`` already holds a current winner of on this GPU (one lookup would run)
+    is kept as it is (status ``kept``), so a run cut short by its time limit resumes where it
+    stopped.
     """
     import optuna
     from tune_grid import WarmIsolated
@@ -55,11 +56,15 @@ def tune_bulk(cases: list[Case], args: argparse.Namespace, modes: Modes, deadlin
                    "status": "skipped", "label": None, "share": None, "evaluated": None,
                    "seconds": None, "error": None}
             out.append(rec)
-            problem = family.problem(hidden=case.hidden, dtype=normalize_dtype(case.dtype))
-            held = db.get_winner(TuningKey.for_problem(info.fingerprint, problem, case.rows))
-            # A winner this code renders another kernel for (or refuses) is tuned again.
-            status, config = (verdict(held, problem, info.limits()) if held is not None
-                              else (None, None))
+            try:
+                problem = family.problem(hidden=case.hidden, dtype=normalize_dtype(case.dtype))
+                held = db.get_winner(TuningKey.for_problem(info.fingerprint, problem, case.rows))
+                # A winner this code renders another kernel for (or refuses) is tuned again.
+                status, config = (verdict(held, problem, info.limits()) if held is not None
+                                  else (None, None))
+            except Exception as exc:  # noqa: BLE001 - the shape's tuned mode reports it
+                rec.update(status="error", error=short_error(exc))
+                continue
             if status == USABLE:
                 share = held.metrics.get("share") if isinstance(held.metrics, dict) else None
                 rec.update(status="kept", share=share, label=config.label())
