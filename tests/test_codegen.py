@@ -559,6 +559,39 @@ def test_fp32_early_weight_kernels_take_rsqrtf_and_sum_squares_plainly():
     assert "c2 = (t - s2) - q" in render(four, RmsProblem(2048, "float32"), H200).source
 
 
+def test_fp32_register_rows_clamp_their_partial_iteration():
+    from autonorm.ops.layer_norm.plan import derive_plan
+    from autonorm.ops.rms_norm.problem import Problem as RmsProblem
+
+    config = KernelConfig(threads=128, vec=2, cache="registers", stats="two_pass")
+    clamped = "const int j = min(it * G + lane, NVEC - 1);"
+    # 490 elements: 245 vectors over 128 threads, the second iteration partial
+    for problem in (Problem(490, "float32"), RmsProblem(490, "float32"),
+                    RmsProblem(490, "float32", residual=True)):
+        assert derive_plan(config, problem, H200).clamped_tail, problem
+        src = render(config, problem, H200).source
+        assert clamped in src and "if (j < NVEC) cache[it] =" not in src, problem
+        # weight (and bias) go out before x, from clamped indices too
+        assert src.index("wpre[it] = load_vec(wseg") < src.index("cache[ITERS];"), problem
+        # the normalize pass stores only the row's own vectors
+        assert "if (j < NVEC)" in src[src.index("__shfl_xor_sync"):], problem
+    added = render(config, RmsProblem(490, "float32", residual=True), H200).source
+    # h is stored only by the lanes in the row
+    assert "if (it * G + lane < NVEC) store_vec(hr + (size_t)j * V, cache[it]);" in added
+    assert "keep_sum(" not in added[added.index("cache[ITERS];"):]
+    # 16-bit rows, whole iterations, skewed rows and other caches keep the guarded load
+    for cfg, problem in (
+        (config, Problem(490, "bfloat16")),
+        (config, RmsProblem(490, "bfloat16")),
+        (dataclasses.replace(config, threads=64), Problem(512, "float32")),  # even
+        (config, Problem(491, "float32")),  # skewed
+        (dataclasses.replace(config, cache="smem"), Problem(490, "float32")),
+        (dataclasses.replace(config, blocks_per_sm=2), Problem(490, "float32")),  # prefetch
+    ):
+        assert not derive_plan(cfg, problem, H200).clamped_tail, (cfg, problem)
+        assert clamped not in render(cfg, problem, H200).source, (cfg, problem)
+
+
 # --------------------------------------------------------------------------- launch plans
 
 

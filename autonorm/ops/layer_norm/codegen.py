@@ -173,5 +173,6 @@ def _context(plan: Plan, name: str) -> dict[str, object]:
         "DEFER": plan.deferred_refill,
         "EARLY_AFFINE": plan.early_affine,
         "LEAN": plan.lean_fp32,
+        "CLAMP": plan.clamped_tail,
         "stage_bytes": plan.stage_bytes,
     }
