@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         return ours(xin, w, b)
 
     for dtype, hidden in itertools.product(args.dtypes, args.hidden):
+        # Dynamo's entries count per code object across shapes (dynamic=False compiles each
+        # row count): past recompile_limit it would time the eager function as torch.compile.
+        torch._dynamo.reset()
         problem = problem_of(args.op, hidden, dtype)
         family = family_of(problem)
         configs = candidates(problem, args, limits)
