@@ -246,9 +246,9 @@ def derive_plan(config: KernelConfig, problem: Problem, device: DeviceLimits = H
         lean_fp32=early and problem.itemsize == 4,
         # A guarded load in a fully unrolled loop waits on the branch before it: the compiler
         # issued the partial iteration's loads one round trip after the others (SASS of the
-        # fp32 register defaults, docs/kernels.md). Loading a clamped index instead took fp32
-        # LayerNorm and RMSNorm 7-21% off at 1-256 rows; 16-bit kernels ran x0.89-1.05
-        # (RMSNorm bf16 at one row slower), so they keep the guard.
+        # fp32 register defaults, docs/kernels.md). Loading a clamped index instead ran fp32
+        # LayerNorm and RMSNorm x1.05-1.21 as fast at 1-256 rows (H100); 16-bit kernels ran
+        # x0.89-1.05 (RMSNorm bf16 at one row slower), so they keep the guard.
         clamped_tail=(
             config.cache == "registers" and not prefetch and problem.itemsize == 4
             and not (shape.even or shape.skewed or shape.ragged)
