@@ -186,6 +186,7 @@ def _tune_one(
              INTERRUPTED)
     _forget_dispatched_kernels()
     if not tuned.stored:
+        _echo_failed(tuned)
         raise click.ClickException(
             f"no candidate passed verification ({describe_failures(tuned.failures)}); "
             "nothing stored"
@@ -198,6 +199,15 @@ def _tune_one(
         f"  {tuned.evaluated} candidates measured ({describe_failures(tuned.failures)}); "
         f"tuned in {tuned.elapsed_s:.1f} s; stored in {tuned.db_path}"
     )
+    _echo_failed(tuned)
+
+
+def _echo_failed(tuned: Any) -> None:
+    """Name the first candidates that failed on the GPU, each with its error's first line."""
+    from autonorm.tune.failures import describe_failed
+
+    for line in describe_failed(tuned.failed):
+        click.echo(f"  {line}", err=True)
 
 
 def _forget_dispatched_kernels() -> None:
@@ -209,9 +219,9 @@ def _forget_dispatched_kernels() -> None:
 
 def describe_failures(failures: dict[str, int]) -> str:
     """Say what the search skipped and what failed, in words (``TuneResult.failures``)."""
-    words = {"compile": "failed to compile", "launch": "failed at launch",
-             "verification": "failed verification"}
-    failed = [f"{n} {words.get(kind, kind)}" for kind, n in failures.items()
+    from autonorm.tune.failures import FAILURE_WORDS
+
+    failed = [f"{n} {FAILURE_WORDS.get(kind, kind)}" for kind, n in failures.items()
               if kind != "invalid" and n]
     parts = []
     if failures.get("invalid"):

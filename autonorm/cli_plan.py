@@ -114,6 +114,7 @@ def tune_plan(
     (:func:`worker_gpus`).
     """
     from autonorm.tune import session
+    from autonorm.tune.failures import describe_failed
 
     stored = {} if force else stored_winners(shapes, problems, device)
     todo = [i for i in range(len(shapes)) if i not in stored]
@@ -156,6 +157,8 @@ def tune_plan(
             results.append(result)
             if not terminal:
                 _say(f"{step}: {describe_result(result)} ({tuned.elapsed_s:.1f} s)")
+            for line in describe_failed(tuned.failed):
+                _say(f"{step}: {line}")
 
 
 def describe_result(result: PlanResult) -> str:

@@ -318,6 +318,31 @@ def test_tune_stores_the_winner_and_says_so(runner, tmp_path, monkeypatch):
     assert winner.kernel == kernel_digest(FAMILY.render(best, problem, H200).source)
 
 
+def test_tune_names_the_candidates_that_failed(runner, tmp_path, monkeypatch):
+    """`autonorm tune` says which candidates failed and why, not only how many."""
+    from fake_evaluator import FakeEvaluator
+
+    import autonorm.runtime.device
+    from autonorm.runtime.device import DeviceInfo
+    from autonorm.tune import session
+
+    device = DeviceInfo(name="NVIDIA H200", cc=90, sm_count=132, l2_bytes=62914560,
+                        smem_optin=232448, mem_bus_bits=6016, mem_clock_khz=3201000)
+    monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda device_id=None: device)
+    evaluator = FakeEvaluator(fail=lambda c: "launch" if c.cache == "smem" else None)
+    monkeypatch.setattr(session, "_build_evaluator", lambda *args: evaluator)
+    result = runner.invoke(cli.main, ["tune", "--hidden", "4096", "--trials", "12",
+                                      "--rows", "1000"])
+    assert result.exit_code == 0, result.output
+    failed = list(dict.fromkeys(c.label() for c in evaluator.calls if c.cache == "smem"))
+    assert failed, "the fake search tried no smem candidate: the check below could not fail"
+    assert f"{len(failed)} failed at launch" in result.stdout
+    newest = failed[-1]
+    assert f"  failed at launch: {newest}: fake launch failure of {newest}\n" in result.stderr
+    named = [line for line in result.stderr.splitlines() if "failed at launch: " in line]
+    assert len(named) == min(len(failed), 3)
+
+
 def test_an_unknown_op_is_refused(runner):
     for command in (["tune"], ["export", "-o", "x"], ["render"]):
         result = runner.invoke(cli.main, [*command, "--op", "no_such_op", "--hidden", "64"])

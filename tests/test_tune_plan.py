@@ -310,6 +310,26 @@ def test_a_plan_tunes_each_shape_stores_its_winner_and_resumes(env, tmp_path):
     assert len(env) == 3 and all(r.endswith("  tuned") for r in _table(out).values())
 
 
+def test_a_plan_names_each_shapes_failed_candidates(env, monkeypatch):
+    from autonorm.tune import session
+
+    evaluators: list[FakeEvaluator] = []
+
+    def build(problem, rows, *rest):
+        evaluators.append(FakeEvaluator(fail=lambda c: "compile" if c.cache == "smem" else None))
+        return evaluators[-1]
+
+    monkeypatch.setattr(session, "_build_evaluator", build)
+    status, out, err = invoke(["tune", "--hidden", "1024,4096", "--trials", "12"])
+    assert status == 0, err
+    for evaluator, hidden in zip(evaluators, (1024, 4096), strict=True):
+        failed = [c.label() for c in evaluator.calls if c.cache == "smem"]
+        assert failed, "no smem candidate was tried: the check below could not fail"
+        said = f": failed to compile: {failed[-1]}: fake compile failure of {failed[-1]}"
+        assert any(f"layer_norm bf16 hidden {hidden} rows " in line and line.endswith(said)
+                   for line in err.splitlines()), err
+
+
 def test_model_configs_are_tuned_each_with_the_norm_it_names(env, tmp_path):
     gpt2, llama = tmp_path / "gpt2.json", tmp_path / "llama.json"
     gpt2.write_text(json.dumps(CONFIGS["GPT-2 XL"]))

@@ -267,7 +267,7 @@ class TuningDB:
 
     def record_outcome(
         self, key: TuningKey, config: Config, outcome: Outcome, *,
-        trial_number: int | None = None,
+        study: str | None = None, trial_number: int | None = None,
     ) -> int:
         """Record one evaluated candidate from its outcome, with its timing when it has one.
 
@@ -278,7 +278,8 @@ class TuningDB:
         if outcome.timing is not None:
             metrics = outcome.timing.metrics(max_rel_err=outcome.max_rel_err)
         return self.record_trial(key, config.to_dict(), outcome.status, label=config.label(),
-                                 error=outcome.error, metrics=metrics, trial_number=trial_number)
+                                 error=outcome.error, metrics=metrics, study=study,
+                                 trial_number=trial_number)
 
     def trials(self, key: TuningKey | None = None) -> list[dict]:
         """Return recorded trials (all, or those of ``key``) in the order they were recorded.

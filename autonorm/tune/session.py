@@ -28,6 +28,7 @@ from autonorm.runtime.limits import DeviceLimits
 from autonorm.store.db import TuningDB, TuningKey
 from autonorm.tune import search
 from autonorm.tune.evaluator_process import close_evaluator
+from autonorm.tune.failures import FailedCandidate, failed_candidates
 from autonorm.tune.storage import open_storage, study_name_for
 from autonorm.tune.workers import (
     assign_gpus,
@@ -61,6 +62,8 @@ class TunedKernel:
             ``"user-nearest"`` or ``"user-neighbour"``; or None.
         evaluated: distinct candidates measured in the study so far (all runs, all workers).
         failures: distinct failed configurations of the study, by failure class.
+        failed: the study's candidates that failed to compile, launch or verify, newest first
+            (:func:`autonorm.tune.failures.failed_candidates`).
         elapsed_s: wall-clock seconds of the call, workers and finals included.
         study: the Optuna study that holds every trial.
         db_path: the database file written (None for an in-memory one).
@@ -80,6 +83,7 @@ class TunedKernel:
     elapsed_s: float
     study: str
     db_path: Path | None
+    failed: tuple[FailedCandidate, ...] = ()
 
     @property
     def stored(self) -> bool:
@@ -166,12 +170,12 @@ def _build_evaluator(
 
 
 def _recorder(
-    db: TuningDB, key: TuningKey, on_trial: search.OnTrial | None
+    db: TuningDB, key: TuningKey, study: str, on_trial: search.OnTrial | None
 ) -> search.OnTrial:
     """Return the search's ``on_trial``: record the outcome in the database, then call on."""
 
     def record(config: Config, outcome: Outcome, number: int) -> None:
-        db.record_outcome(key, config, outcome, trial_number=number)
+        db.record_outcome(key, config, outcome, study=study, trial_number=number)
         if on_trial is not None:
             on_trial(config, outcome, number)
 
@@ -191,7 +195,7 @@ def _tune_worker(index: int, spec: dict[str, Any]) -> None:
         search.tune(
             problem, evaluator, limits=spec["limits"], storage=spec["storage"],
             study_name=spec["study"], settings=spec["settings"],
-            on_trial=_recorder(db, spec["key"], None),
+            on_trial=_recorder(db, spec["key"], spec["study"], None),
             progress=index == 0 and not spec["quiet"], worker_index=index,
             # Already enqueued by the parent (_seed_shared_study): the study has trials, so
             # this call enqueues nothing; a worker started without it would seed a new study.
@@ -349,7 +353,7 @@ def tune_and_store(
         evaluator = _build_evaluator(problem, rows, device_id, evaluator_factory)
         result = search.tune(
             problem, evaluator, limits=limits, storage=storage, study_name=study,
-            settings=settings, incumbent=incumbent, on_trial=_recorder(db, key, on_trial),
+            settings=settings, incumbent=incumbent, on_trial=_recorder(db, key, study, on_trial),
             progress=not quiet, seeds=seeds,
             default=(running.config if running is not None
                      else family.default(problem, limits, rows)),
@@ -370,7 +374,7 @@ def tune_and_store(
             metrics=metrics, kernel=kernel,
             kept=kept, evaluated=result.evaluated,
             failures=result.failures, elapsed_s=time.monotonic() - started,
-            study=study, db_path=db.path,
+            study=study, db_path=db.path, failed=failed_candidates(db, key, study),
         )
     finally:
         if evaluator is not None:
