@@ -29,8 +29,8 @@ def test_failed_candidates_newest_first_one_a_label_of_this_study_only():
     with TuningDB(None) as db:
         launch = Outcome("launch", error="CUDARuntimeError: cudaErrorIllegalInstruction: "
                                          "an illegal instruction was encountered")
-        log = Outcome("compile", error="\n  kernel.cu(12): error: identifier x is undefined\n"
-                                       "1 error detected")
+        log = Outcome("compile", error=f"{config(256).label()}: \n  kernel.cu(12): error: "
+                                       "identifier x is undefined\n1 error detected")
         db.record_outcome(KEY, config(128), launch, study="s1")
         db.record_outcome(KEY, config(256), log, study="s1")
         db.record_outcome(KEY, config(512), Outcome("invalid", error="rules"), study="s1")

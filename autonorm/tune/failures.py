@@ -20,8 +20,8 @@ GPU_FAILURES = ("compile", "launch", "verification")
 FAILURE_WORDS = {"compile": "failed to compile", "launch": "failed at launch",
                  "verification": "failed verification"}
 
-# The longest error text a line repeats: the first line of a compiler's log is the one that
-# names the problem, and a terminal line should stay one line.
+# The longest error text a line repeats, so that a line stays one terminal line; the whole
+# error stays in the trials table.
 ERROR_CHARS = 160
 
 
@@ -54,7 +54,7 @@ def failed_candidates(
         if row["study"] == study:
             newest.setdefault(row["label"], row)
     return tuple(
-        FailedCandidate(row["status"], row["label"], _first_line(row["error"]))
+        FailedCandidate(row["status"], row["label"], _first_line(row["error"], row["label"]))
         for row in newest.values() if row["status"] in GPU_FAILURES
     )
 
@@ -71,6 +71,8 @@ def describe_failed(failed: tuple[FailedCandidate, ...], shown: int = 3) -> list
     return lines
 
 
-def _first_line(error: str | None) -> str:
-    line = next((part.strip() for part in (error or "").splitlines() if part.strip()), "")
+def _first_line(error: str | None, label: str) -> str:
+    """The error's first non-blank line, without the label a compile error starts with."""
+    text = (error or "").removeprefix(f"{label}:")
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
     return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 3] + "..."
