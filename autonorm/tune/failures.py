@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autonorm.results import FAILURE_CLASSES
 from autonorm.store.db import TuningDB, TuningKey
 
 # Failure classes found only by running a candidate; "invalid" is the rules' refusal before
 # any GPU work, counted but not named.
-GPU_FAILURES = ("compile", "launch", "verification")
+GPU_FAILURES = tuple(kind for kind in FAILURE_CLASSES if kind != "invalid")
 
 # How the command line words each class.
 FAILURE_WORDS = {"compile": "failed to compile", "launch": "failed at launch",
