@@ -150,11 +150,11 @@ def bulk_configs(problem: Problem, device: DeviceLimits, bucket: int) -> Iterato
     is the pick (the hidden size may not split over the preferred cluster, a device may hold
     fewer stages).
     """
-    vec = 16 // problem.itemsize
+    vec = problem.full_vec
     # A tile's bytes: what a row reads, half what it moves (with the residual add, the
     # residual's row is staged beside x's, in float32 beside 16-bit x with a wide residual).
     row_bytes = problem.row_io_bytes // 2
-    if problem.hidden % vec:
+    if not problem.on_vector_grid:
         yield from skewed_bulk_configs(problem, device, bucket, row_bytes)
         return
     whole = WHOLE_ROW_BYTES if bucket >= WHOLE_ROW_ROWS_PER_SM * device.sm_count else SEGMENT_BYTES

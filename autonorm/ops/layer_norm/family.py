@@ -51,8 +51,7 @@ def hidden_octaves(problem: Problem, other: Problem) -> float | None:
     speed (fp32 at 2^26 elements, 16-bit and fp32 at one row), while among sizes on the grid the
     carried winners ran 0.92-1.17x, 1.00x by geometric mean (docs/tuning.md, lookup).
     """
-    grid = 16 // problem.itemsize
-    if (problem.hidden % grid == 0) != (other.hidden % grid == 0):
+    if problem.on_vector_grid != other.on_vector_grid:
         return None
     distance = abs(math.log2(other.hidden) - math.log2(problem.hidden))
     return distance if distance < math.log2(NEIGHBOUR_MAX_RATIO) else None

@@ -199,8 +199,8 @@ def latency_configs(problem: Problem, rows: int, device: DeviceLimits = H200) ->
     x1.013 (fp16), x1.086 (fp32), bf16 x0.985; rows 64 x0.84-0.93, so they stop where the
     blocks would outnumber the SMs (docs/tuning.md). Valid ones only; none before Hopper.
     """
-    vec = 16 // problem.itemsize
-    if device.cc < 90 or problem.hidden % vec:
+    vec = problem.full_vec
+    if device.cc < 90 or not problem.on_vector_grid:
         # Skewed rows: the bulk kernel's runs of them are untimed at a few rows, the row
         # kernel's (ragged_latency_configs) measured.
         return []

@@ -37,6 +37,19 @@ class RowProblem:
         return ITEMSIZE[self.dtype]
 
     @property
+    def full_vec(self) -> int:
+        """Elements in one 16-byte access: the widest vector any kernel takes."""
+        return 16 // self.itemsize
+
+    @property
+    def on_vector_grid(self) -> bool:
+        """Whether every row starts on the 16-byte grid: the hidden size a multiple of `full_vec`.
+
+        Rows off it are read skewed (docs/kernels.md).
+        """
+        return self.hidden % self.full_vec == 0
+
+    @property
     def max_vec(self) -> int:
         """Widest vector (elements): a 16-byte access.
 
@@ -44,7 +57,7 @@ class RowProblem:
         vector of a row and narrow ones at its two ends (docs/kernels.md). A float32 residual
         takes no skewed rows, so its widest vector is the widest that divides the hidden size.
         """
-        return self.aligned_vec if self.wide_residual else 16 // self.itemsize
+        return self.aligned_vec if self.wide_residual else self.full_vec
 
     @property
     def h_dtype(self) -> str:
@@ -87,7 +100,7 @@ class RowProblem:
     @property
     def aligned_vec(self) -> int:
         """Widest vector (elements) of at most 16 bytes that divides the hidden size."""
-        vec = 16 // self.itemsize
+        vec = self.full_vec
         while self.hidden % vec:
             vec //= 2
         return vec

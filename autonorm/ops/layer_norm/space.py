@@ -214,7 +214,7 @@ def bulk_seed_configs(problem: Problem, device: DeviceLimits = H200) -> list[Ker
     if device.cc < 90:
         return []
     row_bytes = problem.hidden * problem.itemsize
-    vec = 16 // problem.itemsize
+    vec = problem.full_vec
     seeds: list[KernelConfig] = []
     # Rows of 16-32 KB: a row a tile at 8 vectors a thread, 64-96 KB of stages (t128 s4 at 16
     # KB, t256 s3 at 32 KB). Head to head on an H200 these beat the fwd kernel's winners at

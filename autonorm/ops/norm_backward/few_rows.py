@@ -83,7 +83,7 @@ def _few_rows_form(
     """
     if problem.hidden > SPLIT_ABOVE:
         return None
-    vec = 16 // problem.itemsize
+    vec = problem.full_vec
     clusters = [c for c in CLUSTERS if c <= FEW_CLUSTER and problem.hidden // c >= threads * vec]
     for cluster in sorted(clusters, reverse=True):
         for acc in ("registers", "smem"):
@@ -124,7 +124,7 @@ def _group_base(problem: BackwardProblem, device: object, few: Config | None) ->
     """
     if few is not None:
         return few
-    vec = 16 // problem.itemsize
+    vec = problem.full_vec
     threads = [t for t in THREADS if 32 <= t <= min(FEW_THREADS, problem.hidden // vec)]
     return _few_rows_form(problem, device, max(threads)) if threads else None
 

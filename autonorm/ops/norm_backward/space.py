@@ -262,7 +262,7 @@ def _split_at(
     scores: dict[Config, tuple],
 ) -> Config:
     """:func:`_split_form`'s pick among the kernels of ``bulk`` split over ``cluster`` blocks."""
-    vec = 16 // problem.itemsize
+    vec = problem.full_vec
     for acc in ("registers", "smem"):
         form = Config(256, vec, "bulk", acc, 2, stages=2, cluster=cluster, hold=True)
         if acc == "smem" and derive_plan(form, problem).iters * vec > SPLIT_SMEM_MAX_ELEMS:
