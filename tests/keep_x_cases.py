@@ -1,8 +1,8 @@
 """The fwd kernel's keep_x forms, shared by the render test (CPU) and the same-bits test (GPU).
 
-16-, 8-, 4- and 2-byte loads of x, the smem fill by cp.async and through registers, the
-prefetching persistent grid and the uncached kernel. Clustered fwd kernels refuse keep_x
-(tests/test_bulk.py), so none is clustered.
+16-, 8-, 4- and 2-byte loads of x, the smem row filled through registers, the prefetching
+persistent grid and the uncached kernel. Clustered fwd kernels and rows filled by cp.async refuse
+keep_x (tests/test_bulk.py), so none is of either.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from autonorm.ops.layer_norm.config import KernelConfig
 FWD_KEEP_CASES = [
     (KernelConfig(128, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 1024, "bfloat16"),  # via registers
     (KernelConfig(256, 8, 1, "smem", "two_pass", 1, 0, 0, 64), 8192, "float16"),  # via registers
-    # filled by 16-byte cp.async.cg (plan.fills_async): the fp16 4096 rows-4096 winner
-    (KernelConfig(256, 8, 4, "smem", "two_pass", 1, 0, 0, 64), 4096, "float16"),
     (KernelConfig(128, 8, 4, "registers", "two_pass", 1, 0, 0, 64), 768, "bfloat16"),
     (KernelConfig(256, 2, 2, "registers", "two_pass", 1, 0), 4096, "float32"),  # 8-byte loads
     (KernelConfig(256, 4, 1, "registers", "two_pass", 1, 2), 8192, "float32"),  # prefetch

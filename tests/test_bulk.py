@@ -556,35 +556,38 @@ def test_keep_x_is_refused_to_clustered_fwd_kernels():
     assert check(bulk, problem) == []
 
 
-@pytest.mark.parametrize("label,hidden", [
-    # Each of these faulted with the hint and verified without it (H200, docs/l2-hints.md)
-    ("t128v2r1-smem-two_pass-c1-p0-k", 4096),    # 8-byte cp.async.ca, the tuner's find
-    ("t128v1r1-smem-two_pass-c1-p0-k", 4096),    # 4-byte
-    ("t128v4r1-smem-two_pass-c1-p0-k", 4096),    # 16-byte cp.async.cg
-    ("t128v2r1-smem-two_pass-c1-p1-k", 4096),    # a persistent grid
-    ("t256v2r1-smem-two_pass-c1-p0-k", 16384),
+@pytest.mark.parametrize("label,hidden,dtype", [
+    # Each of these faulted with the hint and verified without it (docs/l2-hints.md)
+    ("t128v2r1-smem-two_pass-c1-p0-k", 4096, "float32"),    # 8-byte cp.async.ca, H200
+    ("t128v1r1-smem-two_pass-c1-p0-k", 4096, "float32"),    # 4-byte
+    ("t128v4r1-smem-two_pass-c1-p0-k", 4096, "float32"),    # 16-byte cp.async.cg
+    ("t128v2r1-smem-two_pass-c1-p1-k", 4096, "float32"),    # a persistent grid
+    ("t256v2r1-smem-two_pass-c1-p0-k", 16384, "float32"),
+    ("t256v4r1-smem-welford-c1-p0-k", 16384, "bfloat16"),   # 16-bit, H100
+    ("t256v4r1-smem-welford-c1-p4-k", 16384, "bfloat16"),
     # these verified, but share the hinted fill: refused until the cause is known
-    ("t128v2r1-smem-welford-c1-p0-k", 4096),
-    ("t128v2r2-smem-two_pass-c1-p0-k", 4096),
+    ("t128v2r1-smem-welford-c1-p0-k", 4096, "float32"),
+    ("t128v2r2-smem-two_pass-c1-p0-k", 4096, "float32"),
+    ("t64v8r1-smem-two_pass-c1-p0-k", 4096, "bfloat16"),
+    ("t128v4r1-smem-two_pass-c1-p0-k", 4096, "bfloat16"),
+    ("t256v8r4-smem-two_pass-c1-p0-k-m64", 4096, "float16"),
 ])
-def test_keep_x_is_refused_to_fp32_kernels_filled_by_cp_async(label, hidden):
-    problem = Problem(hidden, "float32")
+def test_keep_x_is_refused_to_kernels_filled_by_cp_async(label, hidden, dtype):
+    problem = Problem(hidden, dtype)
     kept = KernelConfig.from_label(label)
-    assert fills_async(kept, problem)
+    assert kept.keep_x and fills_async(kept, problem)
     assert any("filled by cp.async" in r for r in check(kept, problem))
     assert check(dataclasses.replace(kept, keep_x=False), problem) == []
 
 
 def test_keep_x_stays_where_the_hinted_loads_verified():
-    # fp32 kernels whose x goes through registers keep the hint (the fp32 768-2048 winners)
-    for label, hidden in (("t128v4r1-registers-two_pass-c1-p0-k", 2048),
-                          ("t512v2r1-smem-two_pass-c1-p0-k", 4096)):  # 4 vectors: plain fill
-        cfg, problem = KernelConfig.from_label(label), Problem(hidden, "float32")
+    # Kernels whose x goes through registers keep the hint (the fp32 768-2048 winners), and so
+    # does the bulk kernel, whose hinted copies are cp.async.bulk
+    for label, hidden, dtype in (("t128v4r1-registers-two_pass-c1-p0-k", 2048, "float32"),
+                                 ("t512v2r1-smem-two_pass-c1-p0-k", 4096, "float32"),
+                                 ("t256v8r1-smem-two_pass-c1-p0-k", 8192, "float16")):
+        cfg, problem = KernelConfig.from_label(label), Problem(hidden, dtype)
         assert not fills_async(cfg, problem) and check(cfg, problem) == []
-    # 16-bit hinted cp.async fills verified on the H200 (bf16 4096 t64v8r1, t128v4r1)
-    for label in ("t64v8r1-smem-two_pass-c1-p0-k", "t128v4r1-smem-two_pass-c1-p0-k"):
-        cfg, problem = KernelConfig.from_label(label), Problem(4096, "bfloat16")
-        assert fills_async(cfg, problem) and check(cfg, problem) == []
     assert check(KernelConfig.from_label("t128v4r1-bulk-two_pass-c1-p0-s4-k"),
                  Problem(4096, "float32")) == []
 
@@ -601,11 +604,8 @@ def test_keep_x_hints_every_load_of_x_in_the_fwd_kernel(config, hidden, dtype):
     assert kept.label() == expected
     kept_src, plain_src = render(kept, problem).source, render(config, problem).source
     assert "cache_hint" not in plain_src and "xpol" not in plain_src
-    assert "load_vec(xr" in plain_src or "load_vec(nx" in plain_src or "copy_async(" in plain_src
+    assert "load_vec(xr" in plain_src or "load_vec(nx" in plain_src
     assert "load_vec(xr" not in kept_src and "load_vec(nx" not in kept_src
     assert "createpolicy.fractional.L2::evict_last.b64" in kept_src
-    assert any(s in kept_src for s in ("load_x(xr", "load_x(nx", ", xpol);"))
-    if fills_async(config, problem):
-        assert "copy_async(srow" in plain_src
-        assert ".shared.global.L2::cache_hint" in kept_src
-        assert "copy_async(srow + (size_t)j * V, xr + (size_t)j * V, xpol)" in kept_src
+    assert "load_x(xr" in kept_src or "load_x(nx" in kept_src
+    assert not fills_async(config, problem)

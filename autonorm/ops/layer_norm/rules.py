@@ -171,18 +171,15 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
         # rows win only in the bulk kernel (docs/l2-hints.md).
         reasons.append("keep_x applies to the fwd kernel at cluster 1 only (clustered "
                        "kernels with the hint raised an illegal instruction)")
-    elif config.keep_x and plan.async_fill and (
-            plan.problem.itemsize == 4 or plan.problem.norm == "rms"):
-        # Every fp32 one-row two-pass smem kernel filled by hinted cp.async that was run (4-, 8-
-        # and 16-byte fills, 8-64 vectors a thread, a persistent grid too) raised
-        # cudaErrorIllegalInstruction on the H200; their plain twins verified. The Welford and
-        # two-row forms verified, but the cause is not known, so every fp32 kernel with a
-        # hinted cp.async fill is refused. No fp32 winner fills by cp.async; every 16-bit
-        # hinted fill run verified (docs/l2-hints.md). A 16-bit RMSNorm kernel faulted the same
-        # way where its hinted fills were the suspects, so RMSNorm is refused them too.
-        kind = "RMSNorm" if plan.problem.norm == "rms" else "fp32"
-        reasons.append(f"keep_x is refused to {kind} kernels whose shared-memory row is "
-                       "filled by cp.async (the hinted fill raised an illegal instruction)")
+    elif config.keep_x and plan.async_fill:
+        # Kernels whose shared-memory row is filled by cp.async with the hint raised
+        # cudaErrorIllegalInstruction where their plain twins verified: every fp32 one-row
+        # two-pass kernel tried (4-, 8- and 16-byte fills, a persistent grid too), 16-bit
+        # RMSNorm (fp16 4097, bf16 4096) and 16-bit LayerNorm (bf16 16384 t256v4r1 Welford,
+        # three grids, on an H100). Others verified, but the cause is not known, so no kernel
+        # fills by hinted cp.async; none shipped did (docs/l2-hints.md).
+        reasons.append("keep_x is refused to kernels whose shared-memory row is filled by "
+                       "cp.async (hinted fills raised an illegal instruction)")
     return reasons
 
 
