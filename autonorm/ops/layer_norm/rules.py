@@ -176,8 +176,9 @@ def _row_kernel_reasons(plan: Plan) -> list[str]:
         # cudaErrorIllegalInstruction where their plain twins verified: every fp32 one-row
         # two-pass kernel tried (4-, 8- and 16-byte fills, a persistent grid too), 16-bit
         # RMSNorm (fp16 4097, bf16 4096) and 16-bit LayerNorm (bf16 16384 t256v4r1 Welford,
-        # three grids, on an H100). Others verified, but the cause is not known, so no kernel
-        # fills by hinted cp.async; none shipped did (docs/l2-hints.md).
+        # three grids, on an H100). Others verified; others report ptxas miscompiling the
+        # fractional L2 policy keep_x uses on cp.async, so no kernel fills by hinted cp.async;
+        # none shipped did (docs/l2-hints.md).
         reasons.append("keep_x is refused to kernels whose shared-memory row is filled by "
                        "cp.async (hinted fills raised an illegal instruction)")
     return reasons
