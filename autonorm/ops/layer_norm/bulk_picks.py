@@ -242,8 +242,7 @@ def skewed_tile(problem: Problem) -> SkewedTile | None:
     and a float32 residual beside 16-bit x (untimed).
     """
     row_bytes = problem.hidden * problem.itemsize
-    on_grid = problem.hidden % problem.max_vec == 0
-    if on_grid or problem.itemsize != 2 or problem.wide_residual:
+    if problem.on_vector_grid or problem.itemsize != 2 or problem.wide_residual:
         return None
     span = _skewed_span(problem)
     if row_bytes <= SKEWED_TILE_SHORT_ROW_BYTES:
