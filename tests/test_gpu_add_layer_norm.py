@@ -172,7 +172,9 @@ def test_in_place_row_kernels_read_the_shift_before_h_overwrites_it(
         assert bool((ri.view(cupy.uint8) == h.view(cupy.uint8)).all()), config.label()
 
 
-@pytest.mark.parametrize(("hidden", "rows"), itertools.product((1000, 4096, 16384), (1, 300)))
+@pytest.mark.parametrize(
+    ("hidden", "rows"), list(itertools.product((1000, 4096, 16384), (1, 300)))
+)
 def test_add_layer_norm_on_cupy_matches_the_numpy_path(tmp_path, monkeypatch, hidden, rows):
     import cupy
 
