@@ -52,7 +52,9 @@ def to_float64(stored: Any, dtype: str) -> Any:
     xp = array_module(stored)
     if dtype == "bfloat16":
         bits = stored.view(xp.uint16).astype(xp.uint32) << 16
-        return bits.view(xp.float32).astype(xp.float64)
+        # NaN patterns (poisoned or unwritten outputs) convert to NaN; NumPy would warn of each.
+        with np.errstate(invalid="ignore"):
+            return bits.view(xp.float32).astype(xp.float64)
     return stored.astype(xp.float64)
 
 
@@ -69,7 +71,8 @@ def from_float64(values: Any, dtype: str) -> Any:
         # Rounding twice (float64 -> float32 -> bf16) breaks ties the float32 step created: a
         # value just above a bf16 half-way point can land on it and then round to even. Where the
         # float32 bits sit exactly half-way, the float64 residue decides the direction.
-        residue = values - f32.astype(xp.float64)
+        with np.errstate(invalid="ignore"):  # inf - inf: no tie there, NaN compares False
+            residue = values - f32.astype(xp.float64)
         tie = ((bits & 0xFFFF) == 0x8000) & (residue != 0)
         away = (residue > 0) == (f32 > 0)  # the true value lies beyond the tie, away from zero
         rounded = xp.where(tie, (bits >> 16) + away.astype(xp.uint32), rounded)
