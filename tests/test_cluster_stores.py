@@ -11,21 +11,13 @@ sm_90. No GPU; skipped where nvcc is not installed (CI installs it).
 from __future__ import annotations
 
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
+from test_compile_offline import ptx_of, requires_nvcc
 
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
 from autonorm.runtime.limits import H200
-from autonorm.runtime.offline import nvcc_path
-
-requires_nvcc = pytest.mark.skipif(
-    nvcc_path() is None,
-    reason="nvcc not found on PATH: offline compile tests need the CUDA toolkit (CI has it)",
-)
 
 HIDDEN = 16384  # every row starts on the 16-byte grid: no skewed row, so no element stores
 # A global store narrower than a vector: y or h split into elements or words.
@@ -39,17 +31,6 @@ CASES = [
     for residual in (False, True)
     for cache in ("registers", "smem")
 ]
-
-
-def ptx_of(source: str) -> str:
-    """Compile one kernel's source to sm_90 PTX with nvcc and return the PTX."""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.cu"
-        src.write_text(source)
-        out = src.with_suffix(".ptx")
-        subprocess.run([nvcc_path(), "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(out),
-                        str(src)], check=True, capture_output=True, text=True)
-        return out.read_text()
 
 
 def stores(op: str, dtype: str, residual: bool, cache: str) -> str:

@@ -41,6 +41,17 @@ requires_nvcc = pytest.mark.skipif(
     reason="nvcc not found on PATH: offline compile tests need the CUDA toolkit (CI has it)",
 )
 
+
+def ptx_of(source: str) -> str:
+    """Compile one kernel's source to sm_90 PTX with nvcc and return the PTX."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.cu"
+        src.write_text(source)
+        out = src.with_suffix(".ptx")
+        subprocess.run([nvcc_path(), "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(out),
+                        str(src)], check=True, capture_output=True, text=True)
+        return out.read_text()
+
 SWEEP_HIDDEN = (768, 1000, 4096, 4099, 16384, 65536)
 PER_HIDDEN = 32  # configurations a hidden size, at least one of each of its code variants
 SEED = 1129

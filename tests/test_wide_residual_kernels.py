@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_cli_errors import assert_one_error_line, invoke
+from test_compile_offline import ptx_of
 
 from autonorm.export import export_kernel
 from autonorm.ops import registry
@@ -212,20 +213,13 @@ def test_an_in_place_layernorm_row_reads_its_shift_before_storing_h(
 @pytest.mark.parametrize("residual_dtype", [None, "float32"])
 @pytest.mark.parametrize("hidden", [4096, 4099], ids=["aligned", "skewed"])
 def test_the_in_place_shift_is_read_coherently_before_the_barrier(
-        tmp_path: Path, hidden: int, residual_dtype: str | None) -> None:
-    import subprocess
-
+        hidden: int, residual_dtype: str | None) -> None:
     if residual_dtype and hidden % 8:
         pytest.skip("a wide residual takes no skewed rows")
     fam = registry.get("layer_norm")
     problem = LayerNormProblem(hidden, "bfloat16", residual=True, residual_dtype=residual_dtype)
     kernel = fam.render(KernelConfig(128, 8, 1, "smem", "two_pass", 1, 0), problem, H200)
-    src = tmp_path / "k.cu"
-    src.write_text(kernel.source)
-    ptx = tmp_path / "k.ptx"
-    subprocess.run([offline.nvcc_path(), "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx),
-                    str(src)], check=True, capture_output=True)
-    text = ptx.read_text()
+    text = ptx_of(kernel.source)
     barrier = text.index("bar.sync")
     # Before the barrier: x's first element (read-only, either path) and the residual's, by
     # the coherent L2 path; after it, the fill's vector loads.
