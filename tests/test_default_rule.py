@@ -173,7 +173,9 @@ def test_few_rows_the_bulk_kernel_cannot_split_take_the_row_kernels_cluster():
         for rows in (1, 8, 16):
             config = default_config(problem, H200, rows)
             assert config.cache == "registers" and config.cluster == 8, (problem, config.label())
-            assert config.threads == (512 if problem.hidden % problem.max_vec else 256)
+            wide = problem.hidden % problem.max_vec or (
+                problem.norm == "layer" and problem.itemsize == 4 and not problem.residual)
+            assert config.threads == (512 if wide else 256), (problem, config.label())
             assert derive_plan(config, problem, H200).shape.ragged
             assert check(config, problem) == []
         assert default_config(problem, H200, 17).cluster < 8  # 17 x 8 blocks outnumber the SMs
@@ -181,6 +183,22 @@ def test_few_rows_the_bulk_kernel_cannot_split_take_the_row_kernels_cluster():
     assert default_config(Problem(32768, "float32"), H200, 1).cache == "bulk"
     assert default_config(Problem(6001, "float32"), H200, 1).cluster == 1
     assert default_config(Problem(26531, "float32"), A100, 1).cluster == 1
+
+
+def test_fp32_layer_norm_rows_split_at_512_threads_where_that_fuses_their_sums():
+    # 256 threads hold 20004 and 27656 at 3 and 4 vectors a thread (two reductions, each a
+    # cluster barrier); 512 at 2, where the row takes one and its weights load beside x.
+    # 12292 is at 2 vectors already, 49160 at 3 even with 512 (7 with 256): both keep 256.
+    for hidden, threads in ((12292, 256), (20004, 512), (27656, 512), (49160, 256)):
+        problem = Problem(hidden, "float32")
+        config = default_config(problem, H200, 1)
+        assert (config.threads, config.cluster) == (threads, 8), (hidden, config.label())
+        plan = derive_plan(config, problem, H200)
+        assert plan.fused_passes == plan.early_affine == (plan.shape.iters <= 2), hidden
+        assert plan.fused_passes == (hidden != 49160), hidden
+    # The fused add keeps two reductions at 512 threads too, and RMSNorm has one: 256.
+    for problem in (Problem(27656, "float32", residual=True), RmsProblem(27656, "float32")):
+        assert default_config(problem, H200, 1).threads == 256, problem
 
 
 def test_skewed_rows_up_to_64_kb_take_the_unclustered_bulk_kernel():

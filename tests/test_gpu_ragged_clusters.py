@@ -151,3 +151,33 @@ def test_a_broken_ragged_kernel_is_rejected(compiled, dtype: str, name: str) -> 
     assert not check(config, problem, compiled.limits), config.label()
     rendered = LAYER.render(config, problem, compiled.limits)
     assert_break_rejected(compiled, problem, rendered, old, new, name)
+
+
+# Long rows on the vector grid at one row: the default splits them over a cluster of 8 row-kernel
+# blocks (few_rows.ragged_latency_configs), fp32 LayerNorm at 512 threads where that leaves a
+# thread two vectors and so one reduction (20004, 27656), the others at 256.
+GRID_SIZES = {"float32": (12292, 20004, 27656), "float16": (27656, 49160),
+              "bfloat16": (27656, 49160)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_few_row_defaults_of_long_rows_verify(compiled, dtype: str) -> None:  # noqa: F811
+    from autonorm.ops.layer_norm.heuristic import default_config
+
+    limits = compiled.limits
+    work = []
+    for hidden, family, residual in itertools.product(GRID_SIZES[dtype], (LAYER, RMS),
+                                                      (False, True)):
+        problem = family.problem(hidden=hidden, dtype=dtype, residual=residual)
+        cfg = default_config(problem, limits, 1)
+        plan = derive_plan(cfg, problem, limits)
+        assert cfg.cluster == 8 and plan.shape.ragged, (problem.describe(), cfg.label())
+        work.append((problem, family.render(cfg, problem, limits)))
+    threads = {r.config.threads for _, r in work}
+    assert threads == ({256, 512} if dtype == "float32" else {256}), threads
+    verify_all(compiled, work)
+    if dtype == "float32":
+        for problem, rendered in work:
+            if problem.norm == "layer" and not problem.residual:
+                verify_offset_rows(compiled, problem, rendered)
+    print(f"\n{dtype}: {len(work)} few-row defaults of long rows verified")

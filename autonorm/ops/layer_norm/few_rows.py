@@ -19,7 +19,7 @@ import dataclasses
 import math
 
 from autonorm.ops.layer_norm.config import CLUSTERS, VECS, KernelConfig
-from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS
+from autonorm.ops.layer_norm.plan import EARLY_AFFINE_ITERS, derive_plan
 from autonorm.ops.layer_norm.problem import Problem
 from autonorm.ops.layer_norm.rules import check
 from autonorm.ops.layer_norm.shape import derive_shape
@@ -223,16 +223,37 @@ def ragged_latency_configs(
     fp32 26531 9.6 -> 5.8 us (torch.compile 5.9), 27656 6.1 -> 5.2 (4.7), 40001 12.0 -> 6.5
     (5.7); bf16 26531 6.3 -> 4.2 (6.0), 27656 4.8 -> 3.4 (4.7); at 8 rows fp32 x1.04-1.12 of
     torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
-    256 for rows on the grid (512 ran x0.87 at bf16 27656); shared memory where the registers
-    do not hold the run. None before Hopper, nor where rows x 8 outnumber the SMs.
+    256 for rows on the grid (512 ran x0.87 at bf16 27656), but 512 for fp32 LayerNorm rows on
+    the grid that 256 threads hold at more than two vectors a thread and 512 at two or fewer
+    (:func:`_fuses_at_512`); shared memory where the registers do not hold the run. None before
+    Hopper, nor where rows x 8 outnumber the SMs.
     """
     cluster = CLUSTERS[-1]
     if device.cc < 90 or rows * cluster > device.sm_count:
         return []
-    threads = 512 if problem.hidden % problem.max_vec else 256
+    wide = problem.hidden % problem.max_vec or _fuses_at_512(problem, cluster, device)
+    threads = 512 if wide else 256
     configs = []
     for cache in ("registers", "smem"):
         cfg = KernelConfig(threads, problem.max_vec, 1, cache, "two_pass", cluster, 0)
         if not check(cfg, problem, device):
             configs.append(cfg)
     return configs
+
+
+def _fuses_at_512(problem: Problem, cluster: int, device: DeviceLimits) -> bool:
+    """Whether an fp32 LayerNorm row on the grid takes one reduction at 512 threads, not 256.
+
+    At two vectors a thread or fewer the fp32 row kernel loads weight and bias beside x and
+    sums the row in one reduction (``plan.fused_passes``); past that, in two. In a cluster each
+    reduction is also a cluster barrier, so where 256 threads would hold more and 512 do not,
+    512 run the row's chain shorter. H100, one run (`benchmarks/explore.py --rows 1`, then
+    `--rows 8`): 20004 5.2 -> 4.1 us and 5.9 -> 4.6, 27656 5.9 -> 4.1 and 6.3 -> 4.8; where 256
+    already hold two vectors (12292) 512 ran x0.85-0.86, and where neither does (49160) x1.00.
+    The fused add keeps two reductions at any width, and RMSNorm has one: both keep 256.
+    """
+    if problem.norm != "layer" or problem.itemsize != 4 or problem.residual:
+        return False
+    plans = [derive_plan(KernelConfig(t, problem.max_vec, 1, "registers", "two_pass", cluster, 0),
+                         problem, device) for t in (256, 512)]
+    return not plans[0].fused_passes and plans[1].fused_passes
