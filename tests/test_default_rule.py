@@ -188,7 +188,7 @@ def test_few_rows_the_bulk_kernel_cannot_split_take_the_row_kernels_cluster():
 def test_fp32_layer_norm_rows_split_at_512_threads_where_that_fuses_their_sums():
     # 256 threads hold 20004 and 27656 at 3 and 4 vectors a thread (two reductions, each a
     # cluster barrier); 512 at 2, where the row takes one and its weights load beside x.
-    # 12292 is at 2 vectors already, 49160 at 3 even with 512 (7 with 256): both keep 256.
+    # 12292 is at 2 vectors already, 49160 at 4 even with 512 (7 with 256): both keep 256.
     for hidden, threads in ((12292, 256), (20004, 512), (27656, 512), (49160, 256)):
         problem = Problem(hidden, "float32")
         config = default_config(problem, H200, 1)
