@@ -28,6 +28,7 @@ from test_gpu_skew import (  # compiled: the fixture, compiling in a process poo
 from autonorm.dtypes import DTYPES, ITEMSIZE
 from autonorm.ops import registry
 from autonorm.ops.layer_norm.config import KernelConfig
+from autonorm.ops.layer_norm.heuristic import default_config
 from autonorm.ops.layer_norm.plan import derive_plan
 from autonorm.ops.layer_norm.rules import check
 
@@ -162,8 +163,6 @@ GRID_SIZES = {"float32": (12292, 20004, 27656), "float16": (27656, 49160),
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_few_row_defaults_of_long_rows_verify(compiled, dtype: str) -> None:  # noqa: F811
-    from autonorm.ops.layer_norm.heuristic import default_config
-
     limits = compiled.limits
     work = []
     for hidden, family, residual in itertools.product(GRID_SIZES[dtype], (LAYER, RMS),
