@@ -64,7 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "blocks_per_sm=persistent: any persistent grid)")
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed (default: the hidden size, so runs repeat)")
+    parser.add_argument("--top", type=int, default=4,
+                        help="fastest candidates printed per shape (default 4; 0: all of them, "
+                             "as explore.json holds them)")
     args = parser.parse_args(argv)
+    if args.top < 0:
+        parser.error(f"--top must be >= 0, got {args.top}")
     if args.rows is not None and args.rows < 1:
         parser.error(f"--rows must be >= 1, got {args.rows}")
     if args.elements < 1:
@@ -75,6 +80,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def rows_of(args: argparse.Namespace, hidden: int) -> int:
     """Rows of a launch at ``hidden``: ``--rows``, else ``--elements // hidden`` (at least 1)."""
     return args.rows if args.rows is not None else max(1, args.elements // hidden)
+
+
+def shape_lines(records: list[dict], top: int) -> list[str]:
+    """The lines printed for one shape's records: the ``top`` fastest (all where ``top`` is 0),
+    the default marked, then up to three failures."""
+    ok = sorted((r for r in records if r["status"] == "ok"), key=lambda r: r["us"])
+    lines = []
+    for r in (ok[:top] if top else ok):
+        mark = " (default)" if r["default"] else ""
+        lines.append(f"    {r['share'] * 100:5.1f}%  {r['gbps']:7.0f} GB/s {r['us']:8.1f}us "
+                     f"cv={r['cv']:.3f} err={r['max_rel_err']:.1e} {r['label']}{mark}")
+    for r in [r for r in records if r["status"] != "ok"][:3]:
+        lines.append(f"    FAIL {r['status']}: {r['label']}: {(r['error'] or '')[:200]}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
             evaluator = GpuEvaluator(problem, rows, pool=pool)
             evaluator.prepare(cands)
             shape_records = []
-            for config in cands:
+            for index, config in enumerate(cands):
                 outcome = evaluator.evaluate(config)
                 rec = {"dtype": problem.dtype, "hidden": hidden, "rows": rows,
                        "config": config.to_dict(), "label": config.label(),
+                       "default": index == 0,
                        "status": outcome.status, "error": outcome.error,
                        "max_rel_err": outcome.max_rel_err}
                 if outcome.timing:
@@ -143,15 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                                share=outcome.timing.share, cv=outcome.timing.cv)
                 shape_records.append(rec)
             records += shape_records
-            ok = sorted((r for r in shape_records if r["status"] == "ok"), key=lambda r: r["us"])
-            fails = [r for r in shape_records if r["status"] != "ok"]
+            fails = sum(r["status"] != "ok" for r in shape_records)
             print(f"{problem.dtype:9s} {hidden:6d} copy={evaluator.copy_gbps:.0f}GB/s "
-                  f"{time.time() - t0:5.1f}s fails={len(fails)}", flush=True)
-            for r in ok[:4]:
-                print(f"    {r['share'] * 100:5.1f}%  {r['gbps']:7.0f} GB/s {r['us']:8.1f}us "
-                      f"cv={r['cv']:.3f} err={r['max_rel_err']:.1e} {r['label']}", flush=True)
-            for r in fails[:3]:
-                print(f"    FAIL {r['status']}: {r['label']}: {(r['error'] or '')[:200]}")
+                  f"{time.time() - t0:5.1f}s fails={fails}", flush=True)
+            print("\n".join(shape_lines(shape_records, args.top)), flush=True)
             (out / "explore.json").write_text(json.dumps(records, indent=1))
             del evaluator
     pool.close()

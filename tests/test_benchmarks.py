@@ -91,6 +91,20 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert explore.rows_of(explore.parse_args(["--elements", "100"]), 490) == 1
     assert explore.parse_args(["--residual"]).residual and not explore.parse_args([]).residual
     assert explore.parse_args(["--no-bias"]).no_bias and not explore.parse_args([]).no_bias
+    assert explore.parse_args([]).top == 4 and explore.parse_args(["--top", "0"]).top == 0
+    with pytest.raises(SystemExit):
+        explore.parse_args(["--top", "-1"])
+    def record(label: str, us: float, default: bool = False, status: str = "ok") -> dict:
+        return {"label": label, "us": us, "share": 0.5, "gbps": 1.0, "cv": 0.0,
+                "max_rel_err": 0.0, "default": default, "status": status, "error": "boom"}
+
+    records = [record("a", 3.0, default=True), record("b", 1.0), record("c", 2.0),
+               record("d", 0.0, status="wrong")]
+    lines = explore.shape_lines(records, 2)
+    assert [line.split()[-1] for line in lines[:2]] == ["b", "c"] and len(lines) == 3
+    assert "FAIL wrong: d: boom" in lines[2]
+    lines = explore.shape_lines(records, 0)  # every one, the default marked
+    assert lines[2].endswith("a (default)") and len(lines) == 4
     assert explore.main(["--op", "rms_norm_backward", "--no-bias"]) == 2
     assert "rms_norm_backward has no bias" in capsys.readouterr().err
     assert explore.main(["--configs", '[{"threads": 64, "stat": "two_pass"}]']) == 2
