@@ -94,6 +94,7 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert explore.parse_args([]).top == 4 and explore.parse_args(["--top", "0"]).top == 0
     with pytest.raises(SystemExit):
         explore.parse_args(["--top", "-1"])
+
     def record(label: str, us: float, default: bool = False, status: str = "ok") -> dict:
         return {"label": label, "us": us, "share": 0.5, "gbps": 1.0, "cv": 0.0,
                 "max_rel_err": 0.0, "default": default, "status": status, "error": "boom"}

@@ -52,6 +52,7 @@ def ptx_of(source: str) -> str:
                         str(src)], check=True, capture_output=True, text=True)
         return out.read_text()
 
+
 SWEEP_HIDDEN = (768, 1000, 4096, 4099, 16384, 65536)
 PER_HIDDEN = 32  # configurations a hidden size, at least one of each of its code variants
 SEED = 1129
