@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import fcntl
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +24,24 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001
+    """Run tests marked `gpu` one at a time under pytest-xdist.
+
+    The README's test command runs a worker a core (``-n auto --dist loadfile``). On a GPU
+    machine two workers' GPU tests would share the GPU and each other's timings, so a GPU
+    test holds a lock that every worker of the run shares, from its fixtures' setup to their
+    teardown (closing the file releases it).
+    """
+    worker = getattr(item.config, "workerinput", None)
+    if worker is None or "gpu" not in item.keywords:
+        return (yield)
+    lock = Path(tempfile.gettempdir()) / f"autonorm-gpu-tests-{worker['testrunuid']}.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return (yield)
 
 
 @pytest.fixture
