@@ -237,14 +237,18 @@ def describe_failures(failures: dict[str, int]) -> str:
 @click.option("--dtype", type=DTYPE, default=None, help="Only this dtype.")
 @click.option("--hidden", type=click.IntRange(min=1), default=None,
               help="Only this hidden size.")
+@click.option("--residual/--no-residual", default=None,
+              help="Only the norms after a fused residual add (--no-residual: only those "
+                   "without; default: both).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def show(all_devices: bool, op: str | None, backward: bool, dtype: str | None,
-         hidden: int | None, as_json: bool) -> None:
+         hidden: int | None, residual: bool | None, as_json: bool) -> None:
     """List tuned kernels with their time and share of copy bandwidth.
 
     One line per winner: its GPU, op, shape, rows bucket, configuration label, time, GB/s and
     share of the copy bandwidth. Winners of this GPU only, unless --all-devices; with
-    --backward, backward kernels only (of --op's norm where given).
+    --backward, backward kernels only (of --op's norm where given); with --residual or
+    --no-residual, those of the fused add's forms or the plain norm's only.
     """
     from autonorm.cli_show import print_table, winner_record
     from autonorm.runtime.device import NoGPUError, query_device
@@ -268,7 +272,8 @@ def show(all_devices: bool, op: str | None, backward: bool, dtype: str | None,
         with store:
             found.extend((source, w) for w in store.winners(device, op, dtype=dtype)
                          if (not backward or w.key.op.endswith("_backward"))
-                         and hidden in (None, w.key.hidden))
+                         and hidden in (None, w.key.hidden)
+                         and residual in (None, bool(w.key.fields.get("residual"))))
     if as_json:
         click.echo(json.dumps([winner_record(s, w) for s, w in found], indent=1))
         return

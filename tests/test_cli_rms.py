@@ -192,6 +192,18 @@ def test_show_lists_rmsnorm_winners_with_their_weight_form(env, tmp_path):
     assert "rms_norm" in line and " 3072 " in line and "weight_offset" in line
 
 
+def test_show_keeps_the_fused_add_or_the_plain_norm_on_request(env, tmp_path):
+    config = KernelConfig(256, 8, 1, "registers", "two_pass", 1, 0)
+    for residual in (False, True):
+        _store_winner(tmp_path / "user.db", Problem(4096, residual=residual), config, 1024)
+    for flags, kept in (([], {False, True}), (["--residual"], {True}),
+                        (["--no-residual"], {False})):
+        status, out, err = invoke(["show", *RMS, "--json", *flags])
+        assert status == 0, err
+        records = json.loads(out)
+        assert len(records) == len(kept) and {r["residual"] for r in records} == kept, flags
+
+
 # -- tune -------------------------------------------------------------------------------------
 
 
