@@ -81,12 +81,21 @@ def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
 
 
 @functools.lru_cache(maxsize=64)
-def _valid_space(problem: BackwardProblem, device: object) -> tuple[Config, ...]:
-    """:func:`enumerate_space`'s answer, kept for the problems and devices seen last."""
-    return tuple(c for c in _candidates(problem, device) if not check(c, problem, device))
+def _valid_space(
+    problem: BackwardProblem, device: object, lanes: tuple[bool, ...] = (False, True)
+) -> tuple[Config, ...]:
+    """:func:`enumerate_space`'s answer, kept for the problems and devices seen last.
+
+    ``lanes=(False,)`` leaves out the kernels whose sums meet lane by lane: the default picks
+    among the others (:func:`default_config`), in half the checks.
+    """
+    return tuple(c for c in _candidates(problem, device, lanes)
+                 if not check(c, problem, device))
 
 
-def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
+def _candidates(
+    problem: BackwardProblem, device: object, lane_forms: tuple[bool, ...] = (False, True)
+) -> Iterator[Config]:
     """The configurations :func:`check` is asked about, in the order of the full product.
 
     Only the fields that apply to the cache vary, and whole branches that a rule of
@@ -112,7 +121,7 @@ def _candidates(problem: BackwardProblem, device: object) -> Iterator[Config]:
             clusters = CLUSTERS if bulk else (1,)
             holds = (False, True) if bulk else (False,)
             groups = GROUPS if bulk else (1,)
-            lanes = (False, True) if threads >= LANES_MIN_THREADS else (False,)
+            lanes = lane_forms if threads >= LANES_MIN_THREADS else (False,)
             for prefetch, stage, cluster, hold, group, lane in itertools.product(
                 prefetches, stages, clusters, holds, groups, lanes
             ):
@@ -309,7 +318,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
         few = few_rows_default(problem, device, rows, lambda: default_config(problem, device))
         if few is not None:
             return few
-    space = enumerate_space(problem, device)
+    # Only _lane_form makes a pick sum lane by lane: the kernels that do are left out here.
+    space = _valid_space(problem, device, (False,))
     if not space:
         raise ConfigError(f"no backward kernel can run {problem.describe()}")
     # Sums in L2 behind bulk stages ran at 17-40% of copy where a reloaded row with its sums in
@@ -317,8 +327,7 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     # not those that form them again from the rows, which many rows would read twice). A held
     # row enters only through _split_form and _held_twin, where it was measured.
     scores = {c: _bulk_score(c, problem, device) for c in space
-              if c.cache == "bulk" and c.acc in ("registers", "smem") and not c.hold
-              and not c.lanes}
+              if c.cache == "bulk" and c.acc in ("registers", "smem") and not c.hold}
     split = _split_form(problem, device, scores)
     if split is not None:
         return _lane_form(split, problem, device)
@@ -327,9 +336,8 @@ def default_config(problem: BackwardProblem, device: object, rows: int | None = 
     if whole:
         return _lane_form(_held_twin(min(whole, key=scores.__getitem__), problem, device),
                           problem, device)
-    plain = [c for c in space if not c.lanes]
-    rest = [c for c in plain if not c.prefetch and c.cache != "bulk"]
-    base = min(rest or plain, key=lambda c: _score(c, problem, device))
+    rest = [c for c in space if not c.prefetch and c.cache != "bulk"]
+    base = min(rest or space, key=lambda c: _score(c, problem, device))
     if base.acc == "global" and bulk:
         # A cluster's sums in registers or shared memory beat sums in L2 (65536, before the
         # one-way exchange: 45.8-58.8% of copy against 22.9-36.6%; H200, docs/backward.md).
