@@ -26,6 +26,11 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
             item.add_marker(skip)
 
 
+def gpu_lock_path(run: str) -> Path:
+    """The lock file the GPU tests of one pytest-xdist run share (``run``: its testrunuid)."""
+    return Path(tempfile.gettempdir()) / f"autonorm-gpu-tests-{run}.lock"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001
     """Run tests marked `gpu` one at a time under pytest-xdist.
@@ -38,8 +43,7 @@ def pytest_runtest_protocol(item, nextitem):  # noqa: ANN001
     worker = getattr(item.config, "workerinput", None)
     if worker is None or "gpu" not in item.keywords:
         return (yield)
-    lock = Path(tempfile.gettempdir()) / f"autonorm-gpu-tests-{worker['testrunuid']}.lock"
-    with open(lock, "a") as handle:
+    with open(gpu_lock_path(worker["testrunuid"]), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         return (yield)
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import fcntl
-import tempfile
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
@@ -20,7 +18,7 @@ def item(keywords: set[str], run: str | None) -> SimpleNamespace:
 
 def held_elsewhere(run: str) -> bool:
     """Whether another holder has the run's lock (a second open file cannot take it)."""
-    lock = Path(tempfile.gettempdir()) / f"autonorm-gpu-tests-{run}.lock"
+    lock = conftest.gpu_lock_path(run)
     if not lock.exists():
         return False
     with open(lock, "a") as handle:
@@ -44,4 +42,4 @@ def test_a_gpu_test_holds_the_runs_lock_under_xdist_only(keywords, xdist, locks)
     with pytest.raises(StopIteration):
         protocol.send(True)
     assert not held_elsewhere(run)
-    Path(tempfile.gettempdir(), f"autonorm-gpu-tests-{run}.lock").unlink(missing_ok=True)
+    conftest.gpu_lock_path(run).unlink(missing_ok=True)
