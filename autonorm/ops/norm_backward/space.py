@@ -82,14 +82,14 @@ def enumerate_space(problem: BackwardProblem, device: object) -> list[Config]:
 
 @functools.lru_cache(maxsize=64)
 def _valid_space(
-    problem: BackwardProblem, device: object, lanes: tuple[bool, ...] = (False, True)
+    problem: BackwardProblem, device: object, lane_forms: tuple[bool, ...] = (False, True)
 ) -> tuple[Config, ...]:
     """:func:`enumerate_space`'s answer, kept for the problems and devices seen last.
 
-    ``lanes=(False,)`` leaves out the kernels whose sums meet lane by lane: the default picks
+    ``lane_forms=(False,)`` leaves out the kernels whose sums meet lane by lane: the default picks
     among the others (:func:`default_config`), in half the checks.
     """
-    return tuple(c for c in _candidates(problem, device, lanes)
+    return tuple(c for c in _candidates(problem, device, lane_forms)
                  if not check(c, problem, device))
 
 
