@@ -173,8 +173,9 @@ def test_few_rows_the_bulk_kernel_cannot_split_take_the_row_kernels_cluster():
         for rows in (1, 8, 16):
             config = default_config(problem, H200, rows)
             assert config.cache == "registers" and config.cluster == 8, (problem, config.label())
-            wide = problem.hidden % problem.max_vec or (
-                problem.norm == "layer" and problem.itemsize == 4 and not problem.residual)
+            # fp32 27656 is 4 vectors a thread at 256 threads and 2 at 512: 512, as for
+            # skewed rows; bf16 27656 is 2 and 1: 256.
+            wide = problem.hidden % problem.max_vec or problem.itemsize == 4
             assert config.threads == (512 if wide else 256), (problem, config.label())
             assert derive_plan(config, problem, H200).shape.ragged
             assert check(config, problem) == []
@@ -196,9 +197,40 @@ def test_fp32_layer_norm_rows_split_at_512_threads_where_that_fuses_their_sums()
         plan = derive_plan(config, problem, H200)
         assert plan.fused_passes == plan.early_affine == (plan.shape.iters <= 2), hidden
         assert plan.fused_passes == (hidden != 49160), hidden
-    # The fused add keeps two reductions at 512 threads too, and RMSNorm has one: 256.
-    for problem in (Problem(27656, "float32", residual=True), RmsProblem(27656, "float32")):
-        assert default_config(problem, H200, 1).threads == 256, problem
+
+
+def _split_iters(problem, threads: int) -> int:  # noqa: ANN001
+    config = KernelConfig(threads, problem.max_vec, 1, "registers", "two_pass", 8, 0)
+    return derive_plan(config, problem, H200).shape.iters
+
+
+@pytest.mark.parametrize(("problem", "threads"), [
+    # 4 vectors a thread at 256 threads, 2 at 512: 512 (16-bit 49160 x1.09-1.13, fp32
+    # LayerNorm after the add 27656 x1.16-1.18, fp32 RMSNorm 27656 x1.02-1.03, H100)
+    (Problem(49160, "bfloat16"), 512),
+    (Problem(49160, "float16", residual=True), 512),
+    (RmsProblem(65528, "bfloat16"), 512),
+    (Problem(27656, "float32", residual=True), 512),
+    (RmsProblem(24584, "float32", residual=True), 512),
+    (RmsProblem(27656, "float32"), 512),
+    # 3 to 2 (the add at 20004 x0.98-1.00) and 2 to 1 (bf16 27656 x0.87) keep 256; so do rows
+    # that 512 threads hold at more than 2 (fp32 49160 RMSNorm and after the add: 7 and 4)
+    (Problem(20004, "float32", residual=True), 256),
+    (RmsProblem(20004, "float32"), 256),
+    (Problem(32776, "bfloat16"), 256),
+    (Problem(27656, "bfloat16", residual=True), 256),
+    (RmsProblem(49160, "float32"), 256),
+    (Problem(49160, "float32", residual=True), 256),
+])
+def test_other_rows_split_at_512_threads_where_that_halves_a_long_chain(problem, threads):  # noqa: ANN001
+    config = default_config(problem, H200, 1)
+    assert (config.threads, config.cluster, config.cache) == (threads, 8, "registers"), (
+        problem, config.label())
+    assert derive_plan(config, problem, H200).shape.ragged
+    at_256, at_512 = _split_iters(problem, 256), _split_iters(problem, 512)
+    assert (at_256 >= few_rows.SPLIT_512_MIN_ITERS and at_512 <= 2) == (threads == 512), (
+        at_256, at_512)
+    assert default_config(problem, H200, 8) == config
 
 
 def test_skewed_rows_up_to_64_kb_take_the_unclustered_bulk_kernel():

@@ -45,6 +45,10 @@ LONG_ROW_ADDED_FP32_ITERS = 4
 
 LONG_ROW_ADDED_FP32_MIN_ROWS = 64
 
+# Rows on the grid split over a cluster take 512 threads, not 256, where 256 would hold at least
+# this many vectors a thread and 512 two or fewer (fp32 LayerNorm: where 512 fuse its sums).
+SPLIT_512_MIN_ITERS = 4
+
 # 16-bit rows of three powers of two of 16-byte vectors take three 8-byte vectors a thread up to
 # this many threads a row.
 HALF_VECTOR_MAX_THREADS = 128
@@ -223,15 +227,15 @@ def ragged_latency_configs(
     fp32 26531 9.6 -> 5.8 us (torch.compile 5.9), 27656 6.1 -> 5.2 (4.7), 40001 12.0 -> 6.5
     (5.7); bf16 26531 6.3 -> 4.2 (6.0), 27656 4.8 -> 3.4 (4.7); at 8 rows fp32 x1.04-1.12 of
     torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
-    256 for rows on the grid (512 ran x0.87 at bf16 27656), but 512 for fp32 LayerNorm rows on
-    the grid that 256 threads hold at more than two vectors a thread and 512 at two or fewer
-    (:func:`_fuses_at_512`); shared memory where the registers do not hold the run. None before
+    256 for rows on the grid (512 ran x0.87 at bf16 27656), but 512 for rows on the grid where
+    that shortens the chain enough to pay for the wider barriers (:func:`_splits_at_512`);
+    shared memory where the registers do not hold the run. None before
     Hopper, nor where rows x 8 outnumber the SMs.
     """
     cluster = CLUSTERS[-1]
     if device.cc < 90 or rows * cluster > device.sm_count:
         return []
-    wide = problem.hidden % problem.max_vec or _fuses_at_512(problem, cluster, device)
+    wide = problem.hidden % problem.max_vec or _splits_at_512(problem, cluster, device)
     threads = 512 if wide else 256
     configs = []
     for cache in ("registers", "smem"):
@@ -241,19 +245,25 @@ def ragged_latency_configs(
     return configs
 
 
-def _fuses_at_512(problem: Problem, cluster: int, device: DeviceLimits) -> bool:
-    """Whether an fp32 LayerNorm row on the grid takes one reduction at 512 threads, not 256.
+def _splits_at_512(problem: Problem, cluster: int, device: DeviceLimits) -> bool:
+    """Whether a row on the grid splits over a cluster of 512-thread blocks, not 256.
 
-    At two vectors a thread or fewer the fp32 row kernel loads weight and bias beside x and
-    sums the row in one reduction (``plan.fused_passes``); past that, in two. In a cluster each
-    reduction is also a cluster barrier, so where 256 threads would hold more and 512 do not,
-    512 run the row's chain shorter. H100, one run (`benchmarks/explore.py --rows 1`, then
-    `--rows 8`): 20004 5.2 -> 4.1 us and 5.9 -> 4.6, 27656 5.9 -> 4.1 and 6.3 -> 4.8; where 256
-    already hold two vectors (12292) 512 ran x0.85-0.86, and where neither does (49160) x1.00.
-    The fused add keeps two reductions at any width, and RMSNorm has one: both keep 256.
+    In a cluster each reduction is also a cluster barrier, and a thread's vectors are a serial
+    chain of loads and sums; 512 threads halve the chain and put twice the warps through each
+    barrier. fp32 LayerNorm takes 512 where 256 threads would hold more than two vectors a
+    thread and 512 two or fewer: there its row kernel loads weight and bias beside x and sums
+    the row in one reduction (``plan.fused_passes``), not two. H100, one run
+    (`benchmarks/explore.py --rows 1`, then `--rows 8`): 20004 5.2 -> 4.1 us and 5.9 -> 4.6,
+    27656 5.9 -> 4.1 and 6.3 -> 4.8; where 256 already hold two vectors (12292) 512 ran
+    x0.85-0.86, and where neither does (49160) x1.00. The other rows take 512 where it
+    halves a chain of four or more vectors to two or fewer (SPLIT_512_MIN_ITERS): 16-bit
+    LayerNorm 49160 x1.09-1.13, fp32 LayerNorm after the add 27656 x1.16-1.18 and fp32 RMSNorm
+    27656 x1.02-1.03. From three vectors to two it did not pay throughout (fp32 RMSNorm 20004
+    x1.02-1.03, LayerNorm after the add 20004 x0.98-1.00), from two to one it lost (bf16
+    27656 x0.87): those keep 256. Docs/kernels.md (ragged clusters) has the figures.
     """
-    if problem.norm != "layer" or problem.itemsize != 4 or problem.residual:
-        return False
     plans = [derive_plan(KernelConfig(t, problem.max_vec, 1, "registers", "two_pass", cluster, 0),
                          problem, device) for t in (256, 512)]
-    return not plans[0].fused_passes and plans[1].fused_passes
+    if problem.norm == "layer" and problem.itemsize == 4 and not problem.residual:
+        return not plans[0].fused_passes and plans[1].fused_passes
+    return plans[0].shape.iters >= SPLIT_512_MIN_ITERS and plans[1].shape.iters <= 2
