@@ -176,6 +176,9 @@ def median_bench(do_bench: Callable) -> Callable:
 def main(argv: list[str] | None = None) -> int:
     """Time every shape and print one table; return the exit code."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("backward.py", torch=True, triton=True)
     import torch
     from triton.testing import do_bench as triton_bench
 

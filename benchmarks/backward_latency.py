@@ -95,6 +95,9 @@ def format_row(op: str, dtype: str, hidden: int, rows: int, ours: float | None,
 def main(argv: list[str] | None = None) -> int:
     """Time every shape and print one table; return the exit code."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("backward_latency.py", torch=True, triton=True)
     import torch
     from triton.testing import do_bench_cudagraph
 

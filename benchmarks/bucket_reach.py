@@ -164,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
 
         info = DeviceInfo("NVIDIA H200", 90, 132, 62914560, 232448, 6016, 3201000)
     else:
+        from peerbench.gpu import require_gpu
+
         from autonorm.runtime.device import query_device
 
+        require_gpu("bucket_reach.py", torch=True)
         info = query_device(0)
     device = lookup.Device(info.fingerprint, info.limits())
     cases = build_cases(args.ops, dtypes, args.hidden, args.rows, device, shipped)

@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 2
             extra.append(family.config_from_dict(data))
+    from peerbench.gpu import require_gpu
+
+    require_gpu("explore.py")
     from autonorm.dtypes import normalize_dtype
     from autonorm.runtime.compiler import CompilePool
     from autonorm.runtime.device import query_device

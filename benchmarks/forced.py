@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.plan:
         return plan(args)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("forced.py", torch=True)
     os.environ["AUTONORM_NO_SHIPPED_DB"] = "1"
     os.environ.setdefault("AUTONORM_DB", str(Path(os.environ.get("TMPDIR", "/tmp"))
                                             / f"autonorm-forced-{os.getpid()}.db"))

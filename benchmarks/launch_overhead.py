@@ -53,6 +53,9 @@ def per_launch_us(call, launches: int) -> float:  # noqa: ANN001
 def main(argv: list[str] | None = None) -> int:
     """Measure and print the host cost of each launch path."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("launch_overhead.py")
     import cupy
 
     import autonorm

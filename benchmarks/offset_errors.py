@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Verify every kernel; return 1 if any failed."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("offset_errors.py")
     from autonorm.dtypes import normalize_dtype
     from autonorm.ops.layer_norm.verify import verify
     from autonorm.ops.registry import get

@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Time every shape both ways and print the table; return 1 if a kernel failed."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("skew_weights.py")
     from autonorm.dtypes import normalize_dtype
     from autonorm.ops.layer_norm import plan as plan_module
     from autonorm.ops.registry import get

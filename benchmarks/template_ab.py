@@ -160,6 +160,9 @@ def speed_cells(times: dict[str, float | None], statuses: dict[str, str]) -> lis
 def main(argv: list[str] | None = None) -> int:
     """Render, verify and time every shape's configurations in every variant."""
     args = parse_args(argv)
+    from peerbench.gpu import require_gpu
+
+    require_gpu("template_ab.py")
     from autonorm.dtypes import normalize_dtype
     from autonorm.ops import registry
     from autonorm.runtime.compiler import CompilePool

@@ -292,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print(plan(args), flush=True)
         return 0
+    from peerbench.gpu import require_gpu
+
+    require_gpu("tune_grid.py")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     info = query_device()
     tune_settings = TuneSettings(

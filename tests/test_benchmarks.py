@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from autonorm.runtime.device import gpu_available
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 BASH = shutil.which("bash") or "/bin/bash"
@@ -47,6 +49,60 @@ def test_help_describes_the_tool_without_the_gpu_stack(script):
     description = rest.partition("\n\n")[0]
     assert len(description.split()) >= 8, f"--help of {script} says too little: {description!r}"
     assert "--help" in run.stdout
+
+
+# Each GPU script, with arguments that pass its parser, on this machine without a GPU.
+GPU_RUNS = {
+    "explore.py": ["--hidden", "1024", "--per-shape", "1"],
+    "backward.py": [],
+    "backward_latency.py": [],
+    "bucket_reach.py": [],
+    "offset_errors.py": [],
+    "launch_overhead.py": [],
+    "skew_weights.py": [],
+    "tune_grid.py": ["--ops", "rms_norm"],
+    "forced.py": ["--hidden", "490"],
+    "template_ab.py": ["--variant", f"a={REPO}", "--variant", f"b={REPO}"],
+    "untuned.py": ["--count", "1"],
+    "peers.py": [],
+}
+
+
+@pytest.mark.parametrize("script", sorted(GPU_RUNS))
+def test_a_gpu_script_without_a_gpu_says_so_in_one_line(script, tmp_path):
+    if gpu_available():
+        pytest.skip("this machine has a GPU: the script would run")
+    env = {**os.environ, "AUTONORM_DB": str(tmp_path / "user.db"),
+           "AUTONORM_CACHE_DIR": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, str(BENCHMARKS / script), *GPU_RUNS[script]],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{script} needs a CUDA GPU"), run.stderr[-2000:]
+    assert not (tmp_path / "user.db").exists()
+
+
+def test_the_refusal_names_what_is_missing(monkeypatch, capsys):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    from peerbench import gpu
+
+    import autonorm.runtime.device as device
+
+    def no_cupy():  # noqa: ANN202
+        raise device.NoGPUError("CuPy is not installed")
+
+    monkeypatch.setattr(device, "import_cupy", no_cupy)
+    assert gpu.missing() == "CuPy is not installed"
+    with pytest.raises(SystemExit) as exit_:
+        gpu.require_gpu("x.py")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "x.py needs a CUDA GPU: CuPy is not installed\n"
+    monkeypatch.setattr(device, "import_cupy", lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch fails
+    assert gpu.missing() is None
+    assert gpu.missing(torch=True).startswith("PyTorch is not installed")
 
 
 def test_gpu_checks_help_lists_every_suite():

@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import peerbench.gpu  # noqa: E402
 import template_ab  # noqa: E402
 
 from autonorm.ops import registry  # noqa: E402
@@ -142,6 +143,7 @@ def test_main_times_each_variant_against_the_first(edited, tmp_path, monkeypatch
     path = broken / TEMPLATE
     path.write_text(path.read_text().replace("// edited", "// broken"))
     monkeypatch.setattr(autonorm.runtime.device, "query_device", lambda: _Device())
+    monkeypatch.setattr(peerbench.gpu, "missing", lambda **_: None)
     monkeypatch.setattr(autonorm.runtime.compiler, "CompilePool", _Pool)
     monkeypatch.setattr(autonorm.tune.evaluator, "GpuEvaluator", _Evaluator)
     assert template_ab.main(["--variant", f"before={REPO}", "--variant", f"after={edited}",

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "autonorm" / "tuning_db" / "models.json"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import peerbench.gpu  # noqa: E402
 import tune_grid  # noqa: E402 - benchmarks/ is not a package
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -174,6 +175,7 @@ def fake_h200(tmp_path, monkeypatch) -> list:
     monkeypatch.setenv("AUTONORM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("AUTONORM_NO_SHIPPED_DB", "1")
     monkeypatch.setattr(tune_grid, "query_device", lambda: H200)
+    monkeypatch.setattr(peerbench.gpu, "missing", lambda **_: None)
     tuned: list = []
 
     def factory(problem, rows):  # noqa: ANN001, ANN202, ARG001
