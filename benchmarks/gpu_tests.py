@@ -11,8 +11,9 @@ not hold the others up; a file's tests run in one pytest process, its module fix
 as in the whole suite. On one GPU one pytest process runs them all. ``--part K/N`` runs the
 K-th of N parts of the files instead (K from 0), split by their count of GPU tests, so a suite
 longer than one command's time limit runs in N commands on a machine of one GPU. Each
-process's output goes to a log in ``--out``; the summary gives each one's last line, then
-every failure. The exit status is 0 only if every test that ran passed.
+process's output goes to a log in ``--out``; the summary gives each one's last line (for one
+stopped at the time limit, what its tests did until then and the command that runs the files
+it left), then every failure. The exit status is 0 only if every test that ran passed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-ra"]
+# -v: a line a test as it ends, so a log cut short at the time limit still tells what ran.
+PYTEST = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-ra"]
+
+# A verbose line: the test's id, then its outcome.
+OUTCOME = re.compile(
+    r"^(?P<node>\S+?\.py::\S.*?) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,16 +141,53 @@ def log_of(out: Path, name: str) -> Path:
     return out / f"gpu_tests_{Path(name).stem}.log"
 
 
-def summarize(status: dict[str, int | None], out: Path) -> tuple[list[str], bool]:
-    """Return the summary lines (a job a line, then the failures) and whether all passed."""
+def outcomes(text: Sequence[str]) -> list[tuple[str, str]]:
+    """The (test id, outcome) of each test a verbose log says ended, in order."""
+    return [(m["node"], m["outcome"]) for m in map(OUTCOME.match, text) if m]
+
+
+def stopped_line(name: str, text: Sequence[str], files: Sequence[str]) -> str:
+    """Say what a job stopped at the time limit got done, and the command for the rest.
+
+    pytest runs the files in the order given: those before the last one a test ended in are
+    done, that one and those after it are left.
+    """
+    ended = outcomes(text)
+    if not ended:
+        return f"{name}: not run or stopped at the time limit"
+    counts = collections.Counter(outcome.lower() for _, outcome in ended)
+    said = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    last_file = ended[-1][0].partition("::")[0]
+    left = list(files[files.index(last_file):]) if last_file in files else list(files)
+    rest = f"; left: python -m pytest -m gpu {' '.join(left)}" if left else ""
+    return f"{name}: stopped at the time limit after {said}{rest}"
+
+
+def summarize(status: dict[str, int | None], out: Path,
+              files: dict[str, Sequence[str]] | None = None) -> tuple[list[str], bool]:
+    """Return the summary lines (a job a line, then the failures) and whether all passed.
+
+    Args:
+        status: each job's exit status, None where it was stopped at the time limit or never
+            started.
+        out: the folder of the jobs' logs.
+        files: each job's test files, in the order it ran them (default: the job's name).
+
+    """
     lines, failures = [], []
     for name, code in status.items():
         log = log_of(out, name)
         text = log.read_text(errors="replace").splitlines() if log.is_file() else []
-        last = next((ln for ln in reversed(text) if ln.strip()), "no output")
-        said = "not run or stopped at the time limit" if code is None else last.strip("= ")
-        lines.append(f"{name}: {said}")
-        failures += [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))]
+        if code is None:
+            lines.append(stopped_line(name, text, (files or {}).get(name, [name])))
+        else:
+            last = next((ln for ln in reversed(text) if ln.strip()), "no output")
+            lines.append(f"{name}: {last.strip('= ')}")
+        summary = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))]
+        failures += summary
+        named = {ln.split()[1] for ln in summary}
+        failures += [f"{outcome} {node}" for node, outcome in outcomes(text)
+                     if outcome in ("FAILED", "ERROR") and node not in named]
     ok = all(code in (0, 5) for code in status.values())  # 5: every test deselected
     return lines + failures, ok
 
@@ -180,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                                     stderr=subprocess.STDOUT, env=env)
 
     status = run_queue(list(jobs), gpus, start, deadline)
-    lines, ok = summarize(status, out)
+    lines, ok = summarize(status, out, jobs)
     print("\n".join(lines), flush=True)
     return 0 if ok else 1
 

@@ -91,6 +91,45 @@ def test_the_summary_says_each_jobs_last_line_then_the_failures(tmp_path):
     assert gpu_tests.summarize({"tests/b.py": 0}, tmp_path)[1]
 
 
+def test_a_job_stopped_at_the_limit_says_what_ran_and_what_is_left(tmp_path):
+    gpu_tests.log_of(tmp_path, "all").write_text(
+        "tests/a.py::test_x PASSED      [ 10%]\ntests/a.py::test_y FAILED      [ 20%]\n"
+        "tests/b.py::test_z[1 2] PASSED [ 30%]\n")
+    files = {"all": ["tests/a.py", "tests/b.py", "tests/c.py"], "never": ["tests/d.py"]}
+    lines, ok = gpu_tests.summarize({"all": None, "never": None}, tmp_path, files)
+    assert lines == [
+        "all: stopped at the time limit after 1 failed, 2 passed; "
+        "left: python -m pytest -m gpu tests/b.py tests/c.py",
+        "never: not run or stopped at the time limit",
+        "FAILED tests/a.py::test_y"]
+    assert not ok
+
+
+def test_a_real_pytest_run_cut_short_is_read_back(tmp_path):
+    # pytest's own verbose output, the process killed while its second test runs.
+    started = tmp_path / "started"
+    tests = tmp_path / "test_cut.py"
+    tests.write_text(
+        "import pathlib, time\n"
+        "def test_quick():\n    pass\n"
+        "def test_wrong():\n    assert 1 == 2\n"
+        f"def test_hangs():\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(600)\n")
+    marker = gpu_tests.PYTEST.index("gpu")  # these tests carry no marker: not "-m gpu"
+    argv = [*gpu_tests.PYTEST[:marker - 1], *gpu_tests.PYTEST[marker + 1:], str(tests)]
+    with gpu_tests.log_of(tmp_path, "all").open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    lines, ok = gpu_tests.summarize({"all": None}, tmp_path, {"all": ["test_cut.py", "more.py"]})
+    assert lines == ["all: stopped at the time limit after 1 failed, 1 passed; "
+                     "left: python -m pytest -m gpu test_cut.py more.py",
+                     "FAILED test_cut.py::test_wrong"]
+    assert not ok
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--part", "3/3"], "--part: expected K/N"), (["--part", "x"], "--part: expected K/N"),
     (["--gpus", "0"], "--gpus must be >= 1"), (["--timeout", "0"], "--timeout must be > 0"),
