@@ -258,9 +258,11 @@ def _splits_at_512(problem: Problem, cluster: int, device: DeviceLimits) -> bool
     x0.85-0.86, and where neither does (49160) x1.00. The other rows take 512 where it
     halves a chain of four or more vectors to two or fewer (SPLIT_512_MIN_ITERS): 16-bit
     LayerNorm 49160 x1.09-1.13, fp32 LayerNorm after the add 27656 x1.16-1.18 and fp32 RMSNorm
-    27656 x1.02-1.03. From three vectors to two it did not pay throughout (fp32 RMSNorm 20004
-    x1.02-1.03, LayerNorm after the add 20004 x0.98-1.00), from two to one it lost (bf16
-    27656 x0.87): those keep 256. Docs/kernels.md (ragged clusters) has the figures.
+    27656 x1.02-1.03; in another run on an H100, bf16 49160 after either add and in RMSNorm
+    and fp32 24584-27656 after either add x1.10-1.23. From three vectors to two it did not pay
+    throughout (fp32 RMSNorm 20004 x1.02-1.03, LayerNorm after the add 20004 x0.98-1.00), from
+    two to one it lost (bf16 27656 x0.87): those keep 256. Docs/kernels.md (ragged clusters)
+    has the figures.
     """
     plans = [derive_plan(KernelConfig(t, problem.max_vec, 1, "registers", "two_pass", cluster, 0),
                          problem, device) for t in (256, 512)]
