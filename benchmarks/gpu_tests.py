@@ -185,7 +185,7 @@ def summarize(status: dict[str, int | None], out: Path,
             lines.append(f"{name}: {last.strip('= ')}")
         summary = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))]
         failures += summary
-        named = {ln.split()[1] for ln in summary}
+        named = {ln.partition(" ")[2].partition(" - ")[0] for ln in summary}
         failures += [f"{outcome} {node}" for node, outcome in outcomes(text)
                      if outcome in ("FAILED", "ERROR") and node not in named]
     ok = all(code in (0, 5) for code in status.values())  # 5: every test deselected

@@ -95,13 +95,19 @@ def test_a_job_stopped_at_the_limit_says_what_ran_and_what_is_left(tmp_path):
     gpu_tests.log_of(tmp_path, "all").write_text(
         "tests/a.py::test_x PASSED      [ 10%]\ntests/a.py::test_y FAILED      [ 20%]\n"
         "tests/b.py::test_z[1 2] PASSED [ 30%]\n")
+    # A finished job's failure, in its verbose line and pytest's summary, is listed once.
+    gpu_tests.log_of(tmp_path, "tests/e.py").write_text(
+        "tests/e.py::test_w[a b] FAILED [100%]\nFAILED tests/e.py::test_w[a b] - assert 0\n"
+        "==== 1 failed in 1.0s ====\n")
     files = {"all": ["tests/a.py", "tests/b.py", "tests/c.py"], "never": ["tests/d.py"]}
-    lines, ok = gpu_tests.summarize({"all": None, "never": None}, tmp_path, files)
+    lines, ok = gpu_tests.summarize({"all": None, "never": None, "tests/e.py": 1}, tmp_path,
+                                    files)
     assert lines == [
         "all: stopped at the time limit after 1 failed, 2 passed; "
         "left: python -m pytest -m gpu tests/b.py tests/c.py",
         "never: not run or stopped at the time limit",
-        "FAILED tests/a.py::test_y"]
+        "tests/e.py: 1 failed in 1.0s",
+        "FAILED tests/a.py::test_y", "FAILED tests/e.py::test_w[a b] - assert 0"]
     assert not ok
 
 
