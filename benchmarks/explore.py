@@ -7,6 +7,8 @@ Run on a GPU machine, from the repository root::
     python benchmarks/explore.py --op layer_norm_backward --hidden 4096 --per-shape 8
     python benchmarks/explore.py --hidden 490,1001 --rows 256 --per-shape 40
     python benchmarks/explore.py --op rms_norm --residual --hidden 4099 --focus cache=bulk
+    python benchmarks/explore.py --hidden 27656 --rows 1 --per-shape 0 \
+        --configs t256v4r1-registers-two_pass-c8-p0,t512v4r1-registers-two_pass-c8-p0
 
 Each shape is timed at ``--elements / hidden`` rows, or ``--rows`` at every hidden size, by the
 tuner's own evaluator (compile, verify against float64, time: docs/timing.md). The script
@@ -56,8 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results",
                         help="folder for explore.json (default: benchmarks/results)")
     parser.add_argument("--configs", default="",
-                        help="a JSON list of configuration dicts (the family's to_dict) to "
-                             "add to every shape where they are valid")
+                        help="configurations to add to every shape where they are valid: "
+                             "comma-separated labels (as printed, e.g. "
+                             "t256v4r1-registers-two_pass-c8-p0) or a JSON list of "
+                             "configuration dicts (the family's to_dict)")
     parser.add_argument("--focus", default="",
                         help="sample only configurations with these fields, e.g. "
                              "cache=registers,vec=max,cluster=1 (vec=max: the widest vector; "
@@ -96,6 +100,35 @@ def shape_lines(records: list[dict], top: int) -> list[str]:
     return lines
 
 
+def parse_configs(family, op: str, text: str) -> list:  # noqa: ANN001
+    """The configurations ``--configs`` names: comma-separated labels, or a JSON list of dicts.
+
+    Raises:
+        ValueError: a label that is not one of the family's, a dict field it does not have,
+            or text that is neither.
+
+    """
+    if not text.strip():
+        return []
+    from autonorm.runtime.limits import H200
+
+    default = family.default(family.problem(hidden=1024, dtype="float32"), H200)
+    if not text.lstrip().startswith("["):
+        return [type(default).from_label(label.strip()) for label in text.split(",")
+                if label.strip()]
+    known = set(default.to_dict())
+    configs = []
+    for data in json.loads(text):
+        if not isinstance(data, dict):
+            raise ValueError(f"expected labels or a JSON list of dicts, got {data!r} in the list")
+        unknown = sorted(set(data) - known)
+        if unknown:
+            # config_from_dict ignores unknown keys: a misspelt field would run the default.
+            raise ValueError(f"{op} has no field {', '.join(unknown)}")
+        configs.append(family.config_from_dict(data))
+    return configs
+
+
 def main(argv: list[str] | None = None) -> int:
     """Explore every requested shape; return the process exit code."""
     args = parse_args(argv)
@@ -106,19 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             f.name for f in dataclasses.fields(family.problem(hidden=1024, dtype="float32"))}:
         print(f"explore: --no-bias: {args.op} has no bias", file=sys.stderr)
         return 2
-    extra = []
-    if args.configs:
-        from autonorm.runtime.limits import H200
-
-        known = set(family.default(family.problem(hidden=1024, dtype="float32"), H200).to_dict())
-        for data in json.loads(args.configs):
-            unknown = sorted(set(data) - known)
-            if unknown:
-                # config_from_dict ignores unknown keys: a misspelt field would run the default.
-                print(f"explore: --configs: {args.op} has no field {', '.join(unknown)}",
-                      file=sys.stderr)
-                return 2
-            extra.append(family.config_from_dict(data))
+    try:
+        extra = parse_configs(family, args.op, args.configs)
+    except ValueError as error:
+        print(f"explore: --configs: {error}", file=sys.stderr)
+        return 2
     from peerbench.gpu import require_gpu
 
     require_gpu("explore.py")

@@ -166,6 +166,24 @@ def test_explore_takes_a_row_count_or_elements_not_both(capsys: pytest.CaptureFi
     assert "rms_norm_backward has no bias" in capsys.readouterr().err
     assert explore.main(["--configs", '[{"threads": 64, "stat": "two_pass"}]']) == 2
     assert "layer_norm has no field stat" in capsys.readouterr().err
+    assert explore.main(["--configs", "[64]"]) == 2
+    assert "expected labels or a JSON list of dicts, got 64" in capsys.readouterr().err
+    assert explore.main(["--configs", "t256v4r1-registers-two_pass-c8-p0,t512bogus"]) == 2
+    assert "not a kernel label: 't512bogus'" in capsys.readouterr().err
+    from autonorm.ops import registry
+
+    family = registry.get("layer_norm")
+    labels = "t256v4r1-registers-two_pass-c8-p0, t512v8r1-bulk-two_pass-c1-p0-s2-k"
+    assert [c.label() for c in explore.parse_configs(family, "layer_norm", labels)] == [
+        "t256v4r1-registers-two_pass-c8-p0", "t512v8r1-bulk-two_pass-c1-p0-s2-k"]
+    as_json = json.dumps([{"threads": 256, "vec": 4, "rows_per_block": 1, "cache": "registers",
+                           "stats": "two_pass", "cluster": 8}])
+    assert explore.parse_configs(family, "layer_norm", as_json) == explore.parse_configs(
+        family, "layer_norm", "t256v4r1-registers-two_pass-c8-p0")
+    backward = registry.get("rms_norm_backward")
+    assert explore.parse_configs(backward, "rms_norm_backward", "t256v8-registers-accsmem-p2")[
+        0].label() == "t256v8-registers-accsmem-p2"
+    assert explore.parse_configs(family, "layer_norm", " ") == []
     for argv, message in ((["--rows", "0"], "--rows must be >= 1, got 0"),
                           (["--rows", "8", "--elements", "64"], "not allowed with argument")):
         with pytest.raises(SystemExit):
