@@ -23,15 +23,17 @@ BASH = shutil.which("bash") or "/bin/bash"
 
 SCRIPTS = ("peers.py", "explore.py", "backward.py", "launch_overhead.py", "offset_errors.py",
            "triton_tutorial_ln.py", "untuned.py", "skew_weights.py", "template_ab.py",
-           "gpu_tests.py", "default_spills.py", "forced.py")
+           "gpu_tests.py", "default_spills.py", "forced.py", "backward_latency.py",
+           "bucket_reach.py", "tune_grid.py")
 
 # Runs a script's --help with the GPU stack unimportable: --help must need none of it.
 HELP_WITHOUT_GPU_STACK = """
-import runpy, sys
+import os, runpy, sys
 for name in ("cupy", "triton", "torch"):
     sys.modules[name] = None
 script = sys.argv[1]
 sys.argv = [script, "--help"]
+sys.path.insert(0, os.path.dirname(script))  # as `python script` puts its folder first
 runpy.run_path(script, run_name="__main__")
 """
 
