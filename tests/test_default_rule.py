@@ -214,7 +214,7 @@ def _split_iters(problem, threads: int) -> int:  # noqa: ANN001
     (RmsProblem(24584, "float32", residual=True), 512),
     (RmsProblem(27656, "float32"), 512),
     # 3 to 2 (the add at 20004 x0.98-1.00) and 2 to 1 (bf16 27656 x0.87) keep 256; so do rows
-    # that 512 threads hold at more than 2 (fp32 49160 RMSNorm and after the add: 7 and 4)
+    # that 512 threads hold at more than 2 (fp32 49160: 7 vectors at 256 threads, 4 at 512)
     (Problem(20004, "float32", residual=True), 256),
     (RmsProblem(20004, "float32"), 256),
     (Problem(32776, "bfloat16"), 256),

@@ -229,8 +229,8 @@ def ragged_latency_configs(
     torch.compile. A register row cache, of 512 threads for skewed rows (the best there) and
     256 for rows on the grid (512 ran x0.87 at bf16 27656), but 512 for rows on the grid where
     that shortens the chain enough to pay for the wider barriers (:func:`_splits_at_512`);
-    shared memory where the registers do not hold the run. None before
-    Hopper, nor where rows x 8 outnumber the SMs.
+    shared memory where the registers do not hold the run. None before Hopper, nor where
+    rows x 8 outnumber the SMs.
     """
     cluster = CLUSTERS[-1]
     if device.cc < 90 or rows * cluster > device.sm_count:
