@@ -110,13 +110,10 @@ def parse_configs(family, op: str, text: str) -> list:  # noqa: ANN001
     """
     if not text.strip():
         return []
-    from autonorm.runtime.limits import H200
-
-    default = family.default(family.problem(hidden=1024, dtype="float32"), H200)
     if not text.lstrip().startswith("["):
-        return [type(default).from_label(label.strip()) for label in text.split(",")
+        return [family.config_type.from_label(label.strip()) for label in text.split(",")
                 if label.strip()]
-    known = set(default.to_dict())
+    known = {field.name for field in dataclasses.fields(family.config_type)}
     configs = []
     for data in json.loads(text):
         if not isinstance(data, dict):

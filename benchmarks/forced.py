@@ -90,7 +90,7 @@ def candidates(problem, args: argparse.Namespace, limits) -> list:  # noqa: ANN0
     from autonorm.ops.registry import family_of
 
     family = family_of(problem)
-    config_type = type(family.default(problem, limits, rows=1))
+    config_type = family.config_type
     if args.configs:
         labels = [c.strip() for c in args.configs.split(",") if c.strip()]
         try:
