@@ -146,13 +146,12 @@ def outcomes(text: Sequence[str]) -> list[tuple[str, str]]:
     return [(m["node"], m["outcome"]) for m in map(OUTCOME.match, text) if m]
 
 
-def stopped_line(name: str, text: Sequence[str], files: Sequence[str]) -> str:
+def stopped_line(name: str, ended: Sequence[tuple[str, str]], files: Sequence[str]) -> str:
     """Say what a job stopped at the time limit got done, and the command for the rest.
 
-    pytest runs the files in the order given: those before the last one a test ended in are
-    done, that one and those after it are left.
+    ``ended`` is the job's :func:`outcomes`. pytest runs the files in the order given: those
+    before the last one a test ended in are done, that one and those after it are left.
     """
-    ended = outcomes(text)
     if not ended:
         return f"{name}: not run or stopped at the time limit"
     counts = collections.Counter(outcome.lower() for _, outcome in ended)
@@ -178,15 +177,16 @@ def summarize(status: dict[str, int | None], out: Path,
     for name, code in status.items():
         log = log_of(out, name)
         text = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        ended = outcomes(text)
         if code is None:
-            lines.append(stopped_line(name, text, (files or {}).get(name, [name])))
+            lines.append(stopped_line(name, ended, (files or {}).get(name, [name])))
         else:
             last = next((ln for ln in reversed(text) if ln.strip()), "no output")
             lines.append(f"{name}: {last.strip('= ')}")
         summary = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))]
         failures += summary
         named = {ln.partition(" ")[2].partition(" - ")[0] for ln in summary}
-        failures += [f"{outcome} {node}" for node, outcome in outcomes(text)
+        failures += [f"{outcome} {node}" for node, outcome in ended
                      if outcome in ("FAILED", "ERROR") and node not in named]
     ok = all(code in (0, 5) for code in status.values())  # 5: every test deselected
     return lines + failures, ok
