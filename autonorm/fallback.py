@@ -12,8 +12,9 @@ every row; the tuner times it like any other, but dispatch of an untuned shape h
 go by.
 
 So where the default's kernel spills, leaner picks are tried in turn. First the family's own
-(its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, or give
-a bulk kernel more stages, so that fewer blocks share an SM's registers). Then the default
+(its optional ``leaner`` member: the forward norms lift a register cap, ``max_regs``, give
+a bulk kernel more stages, so that fewer blocks share an SM's registers, or split its row over
+a larger cluster, so that each thread holds fewer vectors). Then the default
 rule asked again for a register file of :data:`LEAN_REGISTER_SHARES` of the device's: its
 estimates then keep a margin, and it picks a kernel that fits it (fewer threads an SM, each
 with more registers, or no prefetched row). A pick must keep the default's row cache: one that

@@ -62,6 +62,19 @@ def test_a_bulk_forward_takes_more_stages_first():
     assert all(dataclasses.replace(p, stages=3) == first for p in picks[:2])
 
 
+def test_a_bulk_forward_then_splits_its_row_over_a_larger_cluster():
+    # 512 threads: 128 registers a thread whatever the stages (the sm_100 default of 32768).
+    problem = FORWARD.problem(hidden=32768, dtype="bfloat16")
+    first = KernelConfig(512, 8, 1, "bulk", "two_pass", 1, 0, 2)
+    assert FORWARD.check(first, problem, KNOWN[100]) == []
+    picks = list(fallback.leaner_defaults(problem, KNOWN[100], 2048, first))
+    clustered = [i for i, p in enumerate(picks) if p.cluster != first.cluster]
+    assert clustered, picks
+    # After every stage form, and first the cluster of 2 with the default's other fields.
+    assert all(p.stages > first.stages for p in picks[:clustered[0]])
+    assert picks[clustered[0]] == dataclasses.replace(first, cluster=2)
+
+
 def test_nothing_is_offered_twice_or_invalid_on_every_kind():
     for cc, limits in KNOWN.items():
         for op in registry.known():

@@ -41,9 +41,7 @@ ROWS = (1, None)  # None: 2^26 elements
 # label). A pick must keep the default's row cache (autonorm.fallback): for 16-bit LayerNorm
 # backward of 12288 and 16384 on sm_75-sm_89 only kernels that read the row again fit, and on
 # the H200 those ran 2.4x-4.5x slower than spilling defaults of the same kind, so the default
-# stays. 16-bit LayerNorm's 512-thread bulk kernel of whole rows of 32768 takes 128 registers,
-# all that 512 threads may have, and spills 100-120 bytes on sm_100 and sm_120 (sm_90's ptxas
-# fits it); more stages cannot give it more, and the family has no leaner form of it yet.
+# stays.
 UNSOLVED: set[tuple[int, str, str, int, str]] = {
     (75, "layer_norm_backward", "bfloat16", 12288, "t512v2-registers-accglobal-p1"),
     (75, "layer_norm_backward", "bfloat16", 12288, "t512v8-registers-accregisters-p1"),
@@ -54,8 +52,6 @@ UNSOLVED: set[tuple[int, str, str, int, str]] = {
     (86, "layer_norm_backward", "bfloat16", 16384, "t512v4-registers-accregisters-p1"),
     (89, "layer_norm_backward", "bfloat16", 12288, "t512v2-registers-accglobal-p1"),
     (89, "layer_norm_backward", "bfloat16", 16384, "t512v4-registers-accregisters-p1"),
-    (100, "layer_norm", "bfloat16", 32768, "t512v8r1-bulk-two_pass-c1-p0-s2"),
-    (120, "layer_norm", "bfloat16", 32768, "t512v8r1-bulk-two_pass-c1-p0-s1"),
 }
 
 

@@ -78,10 +78,10 @@ class Family(Protocol):
             carries the nearest winner over that the family's rules accept for ``problem``.
             Absent: no problem lends to another.
         leaner(config, problem, device): forms of ``config`` that give each thread more
-            registers, the nearest first (a list, perhaps empty, of configurations that the
-            family's rules may still refuse); :mod:`autonorm.fallback` tries them first where
-            ``config``, a default, spills on the GPU. Absent: only the default rule for a
-            smaller register file is tried.
+            registers or fewer values to hold, the nearest first (a list, perhaps empty, of
+            configurations that the family's rules may still refuse); :mod:`autonorm.fallback`
+            tries them first where ``config``, a default, spills on the GPU. Absent: only the
+            default rule for a smaller register file is tried.
     """
 
     op: str

@@ -132,7 +132,7 @@ class LayerNormFamily:
     def leaner(
         self, config: KernelConfig, problem: Problem, device: DeviceLimits
     ) -> list[KernelConfig]:
-        """Return forms of ``config`` that give each thread more registers, the nearest first.
+        """Return forms of ``config`` that give each thread more registers or less to hold.
 
         The register cap (``max_regs``) lifted: it is fitted to sm_90's ptxas, and compiled
         for sm_100 and sm_120 the capped smem kernels of 16-bit rows of 512-2048 spill 4-32
@@ -140,7 +140,11 @@ class LayerNormFamily:
         holds fewer blocks an SM, and ``__launch_bounds__`` gives each thread more registers
         (16-bit LayerNorm's bulk kernels at 16384-65536 spilled 100-112 bytes at 128 registers
         on sm_100, and after the add 4 bytes at 168 on sm_90; a stage or two more fit them).
-        The family's rules are left to refuse what does not run (:mod:`autonorm.fallback`).
+        Then a bulk kernel's row split over a larger cluster, each thread holding fewer of its
+        vectors: at 512 threads a thread may have no more than 128 registers whatever the
+        stages, and 16-bit rows of 32768 spill there on sm_100 and sm_120 but fit over a
+        cluster of 2. The family's rules are left to refuse what does not run
+        (:mod:`autonorm.fallback`).
         """
         del problem, device  # the rules judge each form where it is used
         forms = []
@@ -149,6 +153,8 @@ class LayerNormFamily:
         if config.cache == "bulk":
             forms += [dataclasses.replace(config, stages=stages) for stages in STAGES
                       if stages > config.stages]
+            forms += [dataclasses.replace(config, cluster=cluster) for cluster in CLUSTERS
+                      if cluster > config.cluster]
         return forms
 
     def neighbour_distance(self, problem: Problem, other: Problem) -> float | None:
