@@ -13,7 +13,9 @@ K-th of N parts of the files instead (K from 0), split by their count of GPU tes
 longer than one command's time limit runs in N commands on a machine of one GPU. Each
 process's output goes to a log in ``--out``; the summary gives each one's last line (for one
 stopped at the time limit, what its tests did until then and the command that runs the files
-it left), then every failure. The exit status is 0 only if every test that ran passed.
+it left), then the time the tests took by file, the slowest first (a guide to ``--part`` and
+``--timeout``; a run cut short counts the tests that ended), then every failure. The exit
+status is 0 only if every test that ran passed.
 """
 
 from __future__ import annotations
@@ -28,12 +30,25 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# -v: a line a test as it ends, so a log cut short at the time limit still tells what ran.
-PYTEST = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-ra"]
+# -v: a line a test as it ends, so a log cut short at the time limit still tells what ran;
+# the "times" style ends that line with the test's time, so such a log also tells where the
+# time went (a pytest without that style prints its progress instead, and no times are read).
+PYTEST = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-ra",
+          "-o", "console_output_style=times"]
 
-# A verbose line: the test's id, then its outcome.
+# Collection, quiet: a line a test id (verbose, it prints the tree of modules instead).
+COLLECT = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           "--collect-only", "tests/"]
+
+# A verbose line: the test's id, then its outcome, then perhaps its time ("812.5us", "3.042s",
+# "2m 5s", "1h 2m").
 OUTCOME = re.compile(
-    r"^(?P<node>\S+?\.py::\S.*?) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+    r"^(?P<node>\S+?\.py::\S.*?) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b"
+    r"(?:.*?\s(?P<time>\d+(?:\.\d+)?(?:us|ms|s)|\d+m \d+s|\d+h \d+m)\s*$)?")
+UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+# The summary's line of time by file names this many files at most, the slowest first.
+SLOWEST = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,8 +107,7 @@ def parts(counts: dict[str, int], n: int) -> list[list[str]]:
 
 def collect() -> dict[str, int]:
     """Collect the GPU tests of ``tests/`` without running them: their count by file."""
-    run = subprocess.run([*PYTEST, "--collect-only", "tests/"], capture_output=True, text=True,
-                         check=False)
+    run = subprocess.run(COLLECT, capture_output=True, text=True, check=False)
     if run.returncode not in (0, 5):  # 5: nothing collected
         sys.exit(f"gpu_tests: collecting the tests failed:\n{run.stdout[-2000:]}{run.stderr}")
     return count_by_file(run.stdout.splitlines())
@@ -146,6 +160,34 @@ def outcomes(text: Sequence[str]) -> list[tuple[str, str]]:
     return [(m["node"], m["outcome"]) for m in map(OUTCOME.match, text) if m]
 
 
+def seconds_of(text: str) -> float:
+    """The seconds of one of pytest's test times: "812.5us", "3.042s", "2m 5s" or "1h 2m"."""
+    return sum(float(n) * UNITS[unit] for n, unit in re.findall(r"([\d.]+)(us|ms|s|m|h)", text))
+
+
+def seconds_by_file(text: Sequence[str]) -> dict[str, float]:
+    """The seconds the tests a verbose log says ended took, summed by file."""
+    spent: collections.Counter[str] = collections.Counter()
+    for m in map(OUTCOME.match, text):
+        if m and m["time"]:
+            spent[m["node"].partition("::")[0]] += seconds_of(m["time"])
+    return dict(spent)
+
+
+def time_line(spent: dict[str, float]) -> list[str]:
+    """The summary's line of where the time went: the files whose tests took a second or more.
+
+    None where no file did (a log without times, or tests that all skipped).
+    """
+    slowest = sorted((path for path in spent if spent[path] >= 1.0),
+                     key=lambda path: (-spent[path], path))
+    if not slowest:
+        return []
+    named = ", ".join(f"{path} {spent[path]:.0f} s" for path in slowest[:SLOWEST])
+    more = f" and {len(slowest) - SLOWEST} more" if len(slowest) > SLOWEST else ""
+    return [f"time by file ({sum(spent.values()):.0f} s in tests): {named}{more}"]
+
+
 def stopped_line(name: str, ended: Sequence[tuple[str, str]], files: Sequence[str]) -> str:
     """Say what a job stopped at the time limit got done, and the command for the rest.
 
@@ -164,7 +206,9 @@ def stopped_line(name: str, ended: Sequence[tuple[str, str]], files: Sequence[st
 
 def summarize(status: dict[str, int | None], out: Path,
               files: dict[str, Sequence[str]] | None = None) -> tuple[list[str], bool]:
-    """Return the summary lines (a job a line, then the failures) and whether all passed.
+    """Return the summary lines and whether all passed.
+
+    The lines: one a job, then where the time went (:func:`time_line`), then the failures.
 
     Args:
         status: each job's exit status, None where it was stopped at the time limit or never
@@ -174,10 +218,12 @@ def summarize(status: dict[str, int | None], out: Path,
 
     """
     lines, failures = [], []
+    spent: dict[str, float] = {}
     for name, code in status.items():
         log = log_of(out, name)
         text = log.read_text(errors="replace").splitlines() if log.is_file() else []
         ended = outcomes(text)
+        spent.update(seconds_by_file(text))
         if code is None:
             lines.append(stopped_line(name, ended, (files or {}).get(name, [name])))
         else:
@@ -189,7 +235,7 @@ def summarize(status: dict[str, int | None], out: Path,
         failures += [f"{outcome} {node}" for node, outcome in ended
                      if outcome in ("FAILED", "ERROR") and node not in named]
     ok = all(code in (0, 5) for code in status.values())  # 5: every test deselected
-    return lines + failures, ok
+    return lines + time_line(spent) + failures, ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,18 +244,21 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.timeout
+    gpus = 1 if args.part_of is not None else args.gpus
+    if gpus is None:
+        # Counting the GPUs needs one; --gpus or --part run the files without counting.
+        from peerbench.gpu import require_gpu
+
+        from autonorm.tune.workers import visible_gpu_count
+
+        require_gpu("gpu_tests.py")
+        gpus = visible_gpu_count()
     counts = collect()
     if args.part_of is not None:
         k, n = args.part_of
-        files, gpus = by_weight({p: counts[p] for p in parts(counts, n)[k]}), 1
+        files = by_weight({p: counts[p] for p in parts(counts, n)[k]})
     else:
         files = by_weight(counts)
-        if args.gpus is not None:
-            gpus = args.gpus
-        else:
-            import cupy
-
-            gpus = cupy.cuda.runtime.getDeviceCount()
     print(f"gpu_tests: {sum(counts[p] for p in files)} GPU tests in {len(files)} files on "
           f"{gpus} GPU{'s' if gpus > 1 else ''}", flush=True)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

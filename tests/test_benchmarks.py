@@ -67,6 +67,7 @@ GPU_RUNS = {
     "template_ab.py": ["--variant", f"a={REPO}", "--variant", f"b={REPO}"],
     "untuned.py": ["--count", "1"],
     "peers.py": [],
+    "gpu_tests.py": [],  # counting the GPUs needs one (--gpus N or --part K/N do not)
 }
 
 

@@ -117,7 +117,7 @@ def test_a_real_pytest_run_cut_short_is_read_back(tmp_path):
     tests = tmp_path / "test_cut.py"
     tests.write_text(
         "import pathlib, time\n"
-        "def test_quick():\n    pass\n"
+        "def test_quick():\n    time.sleep(1.2)\n"
         "def test_wrong():\n    assert 1 == 2\n"
         f"def test_hangs():\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(600)\n")
     marker = gpu_tests.PYTEST.index("gpu")  # these tests carry no marker: not "-m gpu"
@@ -130,10 +130,44 @@ def test_a_real_pytest_run_cut_short_is_read_back(tmp_path):
         proc.kill()
         proc.wait()
     lines, ok = gpu_tests.summarize({"all": None}, tmp_path, {"all": ["test_cut.py", "more.py"]})
-    assert lines == ["all: stopped at the time limit after 1 failed, 1 passed; "
-                     "left: python -m pytest -m gpu test_cut.py more.py",
-                     "FAILED test_cut.py::test_wrong"]
+    assert lines[0] == ("all: stopped at the time limit after 1 failed, 1 passed; "
+                        "left: python -m pytest -m gpu test_cut.py more.py")
+    assert lines[-1] == "FAILED test_cut.py::test_wrong"
+    # The two tests that ended gave their times: the line of time by file names their file.
+    assert len(lines) == 3 and lines[1].startswith("time by file (")
+    assert lines[1].endswith(" s in tests): test_cut.py 1 s"), lines[1]
     assert not ok
+
+
+def test_the_time_by_file_sums_each_tests_time_the_slowest_file_first(tmp_path):
+    gpu_tests.log_of(tmp_path, "all").write_text(
+        "tests/a.py::test_x PASSED                                   812.5us\n"
+        "tests/a.py::test_y[2 3] FAILED                               3.042s\n"
+        "tests/b.py::test_z SKIPPED (needs ncu)                       2m 5s\n"
+        "tests/c.py::test_w PASSED                                   1h 2m\n"
+        "tests/d.py::test_v PASSED                                   [ 90%]\n"
+        "tests/e.py::test_u SKIPPED (no GPU)                          1.2ms\n"
+        "==== 1 failed, 3 passed in 1h 4m ====\n")
+    lines, _ = gpu_tests.summarize({"all": 1}, tmp_path)
+    assert lines[1] == ("time by file (3848 s in tests): tests/c.py 3720 s, tests/b.py 125 s, "
+                        "tests/a.py 3 s")
+    assert gpu_tests.seconds_of("812.5us") == pytest.approx(812.5e-6)
+    assert gpu_tests.seconds_of("1h 2m") == 3720.0
+
+
+def test_collection_counts_the_gpu_tests_of_the_suite_by_file(monkeypatch):
+    monkeypatch.chdir(REPO)  # the tool runs from the repository's root
+    counts = gpu_tests.collect()
+    assert len(counts) >= 30 and counts["tests/test_gpu_backward.py"] >= 10, counts
+    assert all(path.startswith("tests/") and n > 0 for path, n in counts.items())
+
+
+def test_the_time_by_file_names_the_slowest_files_only(tmp_path):
+    gpu_tests.log_of(tmp_path, "all").write_text("".join(
+        f"tests/t{i:02d}.py::test_x PASSED    {i}.000s\n" for i in range(1, 11)))
+    line = gpu_tests.summarize({"all": 0}, tmp_path)[0][1]
+    assert line.startswith("time by file (55 s in tests): tests/t10.py 10 s, tests/t09.py 9 s")
+    assert line.endswith("tests/t03.py 3 s and 2 more")
 
 
 @pytest.mark.parametrize(("argv", "says"), [
