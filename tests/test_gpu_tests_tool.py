@@ -162,6 +162,17 @@ def test_collection_counts_the_gpu_tests_of_the_suite_by_file(monkeypatch):
     assert all(path.startswith("tests/") and n > 0 for path, n in counts.items())
 
 
+def test_a_part_without_files_runs_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(gpu_tests, "collect", lambda: {"tests/a.py": 3})
+
+    def no_run(*args, **kwargs):  # noqa: ANN202
+        raise AssertionError("a pytest process was started")
+
+    monkeypatch.setattr(gpu_tests.subprocess, "Popen", no_run)
+    assert gpu_tests.main(["--part", "1/2", "--out", str(tmp_path)]) == 0
+    assert "0 GPU tests in 0 files" in capsys.readouterr().out
+
+
 def test_the_time_by_file_names_the_slowest_files_only(tmp_path):
     gpu_tests.log_of(tmp_path, "all").write_text("".join(
         f"tests/t{i:02d}.py::test_x PASSED    {i}.000s\n" for i in range(1, 11)))
