@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 # -v: a line a test as it ends, so a log cut short at the time limit still tells what ran;
 # the "times" style ends that line with the test's time, so such a log also tells where the
@@ -155,22 +156,31 @@ def log_of(out: Path, name: str) -> Path:
     return out / f"gpu_tests_{Path(name).stem}.log"
 
 
-def outcomes(text: Sequence[str]) -> list[tuple[str, str]]:
-    """The (test id, outcome) of each test a verbose log says ended, in order."""
-    return [(m["node"], m["outcome"]) for m in map(OUTCOME.match, text) if m]
-
-
 def seconds_of(text: str) -> float:
     """The seconds of one of pytest's test times: "812.5us", "3.042s", "2m 5s" or "1h 2m"."""
     return sum(float(n) * UNITS[unit] for n, unit in re.findall(r"([\d.]+)(us|ms|s|m|h)", text))
 
 
-def seconds_by_file(text: Sequence[str]) -> dict[str, float]:
-    """The seconds the tests a verbose log says ended took, summed by file."""
+class Ended(NamedTuple):
+    """A test a verbose log says ended: its id, its outcome and, where given, its seconds."""
+
+    node: str
+    outcome: str
+    seconds: float | None
+
+
+def outcomes(text: Sequence[str]) -> list[Ended]:
+    """Each test a verbose log says ended, in order."""
+    return [Ended(m["node"], m["outcome"], seconds_of(m["time"]) if m["time"] else None)
+            for m in map(OUTCOME.match, text) if m]
+
+
+def seconds_by_file(ended: Sequence[Ended]) -> dict[str, float]:
+    """The seconds the tests of a log's :func:`outcomes` took, summed by file."""
     spent: collections.Counter[str] = collections.Counter()
-    for m in map(OUTCOME.match, text):
-        if m and m["time"]:
-            spent[m["node"].partition("::")[0]] += seconds_of(m["time"])
+    for test in ended:
+        if test.seconds is not None:
+            spent[test.node.partition("::")[0]] += test.seconds
     return dict(spent)
 
 
@@ -188,7 +198,7 @@ def time_line(spent: dict[str, float]) -> list[str]:
     return [f"time by file ({sum(spent.values()):.0f} s in tests): {named}{more}"]
 
 
-def stopped_line(name: str, ended: Sequence[tuple[str, str]], files: Sequence[str]) -> str:
+def stopped_line(name: str, ended: Sequence[Ended], files: Sequence[str]) -> str:
     """Say what a job stopped at the time limit got done, and the command for the rest.
 
     ``ended`` is the job's :func:`outcomes`. pytest runs the files in the order given: those
@@ -196,9 +206,9 @@ def stopped_line(name: str, ended: Sequence[tuple[str, str]], files: Sequence[st
     """
     if not ended:
         return f"{name}: not run or stopped at the time limit"
-    counts = collections.Counter(outcome.lower() for _, outcome in ended)
+    counts = collections.Counter(test.outcome.lower() for test in ended)
     said = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-    last_file = ended[-1][0].partition("::")[0]
+    last_file = ended[-1].node.partition("::")[0]
     left = list(files[files.index(last_file):]) if last_file in files else list(files)
     rest = f"; left: python -m pytest -m gpu {' '.join(left)}" if left else ""
     return f"{name}: stopped at the time limit after {said}{rest}"
@@ -223,7 +233,7 @@ def summarize(status: dict[str, int | None], out: Path,
         log = log_of(out, name)
         text = log.read_text(errors="replace").splitlines() if log.is_file() else []
         ended = outcomes(text)
-        spent.update(seconds_by_file(text))
+        spent.update(seconds_by_file(ended))
         if code is None:
             lines.append(stopped_line(name, ended, (files or {}).get(name, [name])))
         else:
@@ -232,8 +242,8 @@ def summarize(status: dict[str, int | None], out: Path,
         summary = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))]
         failures += summary
         named = {ln.partition(" ")[2].partition(" - ")[0] for ln in summary}
-        failures += [f"{outcome} {node}" for node, outcome in ended
-                     if outcome in ("FAILED", "ERROR") and node not in named]
+        failures += [f"{test.outcome} {test.node}" for test in ended
+                     if test.outcome in ("FAILED", "ERROR") and test.node not in named]
     ok = all(code in (0, 5) for code in status.values())  # 5: every test deselected
     return lines + time_line(spent) + failures, ok
 
