@@ -111,8 +111,9 @@ def parse_configs(family, op: str, text: str) -> list:  # noqa: ANN001
     if not text.strip():
         return []
     if not text.lstrip().startswith("["):
-        return [family.config_type.from_label(label.strip()) for label in text.split(",")
-                if label.strip()]
+        from peerbench.labels import parse_labels
+
+        return parse_labels(family.config_type, text)
     known = {field.name for field in dataclasses.fields(family.config_type)}
     configs = []
     for data in json.loads(text):

@@ -33,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # benchmarks/ is not a package: peerbench is imported from here
 
+from peerbench.labels import parse_labels  # noqa: E402
 from peerbench.untuned_constants import EPS, OFFSET_MEAN, OFFSET_SPREAD  # noqa: E402
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -90,16 +91,14 @@ def candidates(problem, args: argparse.Namespace, limits) -> list:  # noqa: ANN0
     from autonorm.ops.registry import family_of
 
     family = family_of(problem)
-    config_type = family.config_type
     if args.configs:
-        labels = [c.strip() for c in args.configs.split(",") if c.strip()]
         try:
-            configs = [config_type.from_label(label) for label in labels]
+            configs = parse_labels(family.config_type, args.configs)
         except ValueError as exc:
             raise SystemExit(f"forced.py: error: --configs: {exc}") from None
     else:
         configs = [
-            config_type(threads, vec, 1, "registers", stats, 1, 0, early=early)
+            family.config_type(threads, vec, 1, "registers", stats, 1, 0, early=early)
             for threads, vec, stats, early in itertools.product(
                 args.threads, (1, 2, 4, 8), ("two_pass", "welford"), (False, True))
         ]
